@@ -1,0 +1,19 @@
+"""autoshard: automatic sharding for JAX programs.
+
+    mesh = autoshard.make_mesh((2, 4), ("data", "model"))
+    plan = autoshard.plan(train_step, params, opt_state, batch, mesh=mesh)
+    plan.summary()
+    step = plan.jit(donate_argnums=(0, 1))
+"""
+
+from autoshard.api import AutoSharded, auto_shard, plan
+from autoshard.errors import (AutoshardError, InputError, MemoryBudgetError, MeshError, PinError,
+                              PlanError)
+from autoshard.hardware import H100, Hardware
+from autoshard.mesh import make_mesh
+from autoshard.plan import Plan, PlanCost
+
+__all__ = ["AutoSharded", "AutoshardError", "H100", "Hardware", "InputError", "MemoryBudgetError",
+           "MeshError", "PinError", "Plan", "PlanCost", "PlanError", "auto_shard", "make_mesh",
+           "plan"]
+__version__ = "0.1.0"

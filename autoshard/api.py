@@ -1,0 +1,286 @@
+"""The public entry points: ``plan`` and the ``auto_shard`` decorator."""
+
+from __future__ import annotations
+
+import functools
+import re
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec
+
+from autoshard import specs
+from autoshard.apply import Decision
+from autoshard.cost import CostGraph, build_cost_graph, reshard_seconds
+from autoshard.errors import MemoryBudgetError, PinError
+from autoshard.hardware import H100, Hardware
+from autoshard.mesh import as_auto_mesh, axis_sizes
+from autoshard.plan import ArgumentInfo, Plan, PlanCost, program_fingerprint
+from autoshard.solve import InfeasibleBudget, Request, solve
+from autoshard.strategies import build_strategies
+from autoshard.trace import trace
+
+ALTERNATIVES_SHOWN = 4
+
+
+def resolve_pins(pins: Mapping[str, Any] | None, graph, sizes) -> dict[int, specs.Spec]:
+    """Map each pinned path (a leaf, or a prefix of leaves) to its arg node and spec."""
+    resolved: dict[int, specs.Spec] = {}
+    for path, pspec in (pins or {}).items():
+        if not isinstance(pspec, PartitionSpec):
+            pspec = PartitionSpec(*pspec) if isinstance(pspec, (tuple, list)) else pspec
+        if not isinstance(pspec, PartitionSpec):
+            raise PinError(f"pin {path!r}: expected a PartitionSpec, got {type(pspec).__name__}")
+        matches = [i for i, p in enumerate(graph.arg_paths)
+                   if p == path or p.startswith(path) and p[len(path)] in "[."]
+        if not matches:
+            import difflib
+            close = difflib.get_close_matches(path, graph.arg_paths, n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise PinError(f"pin names path {path!r}, which is not an argument leaf{hint}")
+        for i in matches:
+            node = graph.nodes[graph.arg_nodes[i]]
+            shape = graph.values[node.outputs[0]].shape
+            resolved[node.id] = pin_spec(graph.arg_paths[i], pspec, shape, sizes)
+    return resolved
+
+
+def pin_spec(path, pspec, shape, sizes) -> specs.Spec:
+    try:
+        spec = specs.from_partition_spec(pspec, len(shape))
+    except ValueError:
+        raise PinError(f"pin {path!r}: {pspec} has more entries than the array's "
+                       f"{len(shape)} dims {shape}") from None
+    for axis in specs.spec_axes(spec):
+        if axis not in sizes:
+            raise PinError(f"pin {path!r}: mesh has no axis {axis!r} (axes: {list(sizes)})")
+    spec = tuple(tuple(a for a in axes if sizes[a] > 1) for axes in spec)
+    if not specs.is_valid(shape, spec, sizes):
+        raise PinError(f"pin {path!r}: {pspec} does not divide shape {shape} on mesh {sizes}")
+    return spec
+
+
+def build_request(cg: CostGraph, memory_budget, time_limit_s) -> Request:
+    return Request(node_costs=cg.node_costs, edges=[(e.src, e.dst, e.cost) for e in cg.edges],
+                   memory_terms=[(t.group, t.num_bytes) for t in cg.memory_terms],
+                   fixed_terms=cg.fixed_terms, memory_rows=cg.memory_rows,
+                   memory_budget=memory_budget, time_limit_s=time_limit_s)
+
+
+def local_costs(request: Request, choice) -> list[np.ndarray]:
+    """Per group: the plan's cost as a function of that group's strategy alone."""
+    totals = [np.asarray(c, float).copy() for c in request.node_costs]
+    for u, v, m in request.edges:
+        totals[u] += m[:, choice[v]]
+        totals[v] += m[choice[u], :]
+    return totals
+
+
+def decisions_from(cg: CostGraph, choice) -> dict[tuple, Decision]:
+    """Where apply constrains: resharded operands, group roots' results, loop seams."""
+    graph = cg.space.graph
+    decisions = {}
+    for node in graph.nodes:
+        if node.kind in ("arg", "const"):
+            continue
+        strategy = cg.node_strategy(node.id, choice)
+        in_specs = []
+        for i, value_id in enumerate(node.operands):
+            if value_id is None:
+                in_specs.append(None)
+                continue
+            value = graph.values[value_id]
+            have = cg.node_strategy(value.producer, choice).out_specs[value.index]
+            want = strategy.in_specs[i]
+            in_specs.append(want if want != have or node.kind == "boundary" else None)
+        root = cg.groups[cg.group_of_node[node.id]][0] == node.id
+        out_specs = strategy.out_specs if root or node.kind == "boundary" else ()
+        if any(s is not None for s in in_specs) or out_specs:
+            decisions[node.key] = Decision(tuple(in_specs) if any(
+                s is not None for s in in_specs) else (), tuple(out_specs))
+    return decisions
+
+
+def plan_cost(cg: CostGraph, choice, peak_bytes: float) -> PlanCost:
+    graph = cg.space.graph
+    compute = comm = reshard = 0.0
+    for node in graph.nodes:
+        s = cg.node_strategy(node.id, choice)
+        compute += s.compute_s
+        comm += s.comm_s
+        for i, value_id in enumerate(node.operands):
+            if value_id is None:
+                continue
+            value = graph.values[value_id]
+            have = cg.node_strategy(value.producer, choice).out_specs[value.index]
+            reshard += node.operand_weights[i] * reshard_seconds(
+                value.shape, value.dtype, have, s.in_specs[i], cg.space.axis_sizes,
+                cg.space.hardware)
+    return PlanCost(compute_s=compute, comm_s=comm + reshard, memory_bytes=peak_bytes,
+                    reshard_s=reshard)
+
+
+def argument_infos(cg: CostGraph, request: Request, choice) -> list[ArgumentInfo]:
+    graph = cg.space.graph
+    totals = local_costs(request, choice)
+    infos = []
+    for path, node_id in zip(graph.arg_paths, graph.arg_nodes):
+        value = graph.values[graph.nodes[node_id].outputs[0]]
+        g = cg.group_of_node[node_id]
+        strategies = cg.space.strategies[node_id]
+        mine = cg.choice[node_id][choice[g]]
+        per_spec: dict = {}
+        for s in np.argsort(totals[g], kind="stable"):
+            spec = strategies[cg.choice[node_id][s]].out_specs[0]
+            per_spec.setdefault(spec, float(totals[g][s] - totals[g][choice[g]]))
+        chosen = strategies[mine].out_specs[0]
+        alternatives = tuple((s, x) for s, x in per_spec.items() if s != chosen)
+        infos.append(ArgumentInfo(path, value.shape, str(np.dtype(value.dtype))
+                                  if _is_numpy_dtype(value.dtype) else str(value.dtype),
+                                  chosen, alternatives[:ALTERNATIVES_SHOWN]))
+    return infos
+
+
+def _is_numpy_dtype(dtype) -> bool:
+    try:
+        np.dtype(dtype)
+        return True
+    except TypeError:
+        return False
+
+
+def donated_outputs(graph, donate_argnums: Sequence[int]) -> list[int]:
+    """Outputs XLA can write into donated argument buffers (same shape and dtype)."""
+    if not donate_argnums:
+        return []
+    leaves_per_arg = [len(jax.tree_util.tree_leaves(sub)) for sub in
+                      jax.tree_util.tree_unflatten(graph.in_tree, list(range(len(graph.arg_nodes))))]
+    starts = np.cumsum([0] + leaves_per_arg)
+    donated = [graph.values[graph.nodes[graph.arg_nodes[i]].outputs[0]]
+               for a in donate_argnums for i in range(starts[a], starts[a + 1])]
+    pool = [(v.shape, str(v.dtype)) for v in donated]
+    out = []
+    for k, value_id in enumerate(graph.outputs):
+        if value_id is None:
+            continue
+        v = graph.values[value_id]
+        if (v.shape, str(v.dtype)) in pool:
+            pool.remove((v.shape, str(v.dtype)))
+            out.append(k)
+    return out
+
+
+def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
+         memory_budget: float | None = None, pins: Mapping[str, Any] | None = None,
+         donate_argnums: Sequence[int] = (), time_limit_s: float = 60.0) -> Plan:
+    """Plan how to shard ``fn`` at ``args`` over ``mesh``.
+
+    Args:
+      fn: a function of pytrees of arrays (e.g. a train step).
+      args: example arguments: arrays or ``jax.ShapeDtypeStruct`` pytrees (nothing of
+        their size is allocated).
+      mesh: a ``jax.sharding.Mesh``; Explicit axes are converted to Auto with a warning.
+      hardware: per-device speeds (default: an H100 node).
+      memory_budget: bytes per device (default ``hardware.memory``), counted as XLA does:
+        arguments + outputs + temporaries - donated.
+      pins: ``{"params['wq']": PartitionSpec(None, "model")}``: specs the plan must keep.
+      donate_argnums: arguments whose buffers the outputs may reuse.
+
+    Example::
+
+        mesh = autoshard.make_mesh((2, 4), ("data", "model"))
+        plan = autoshard.plan(train_step, params, batch, mesh=mesh)
+        new_params, loss = plan.jit()(params, batch)
+    """
+    started = time.perf_counter()
+    mesh = as_auto_mesh(mesh)
+    hw = hardware or H100
+    budget = hw.memory if memory_budget is None else float(memory_budget)
+    sizes = axis_sizes(mesh)
+    graph = trace(fn, *args)
+    traced = time.perf_counter()
+    pinned = resolve_pins(pins, graph, sizes)
+    space = build_strategies(graph, sizes, hw, pinned)
+    cg = build_cost_graph(space, donated_outputs(graph, tuple(donate_argnums)))
+    request = build_request(cg, budget, time_limit_s)
+    costed = time.perf_counter()
+    try:
+        result = solve(request)
+    except InfeasibleBudget as e:
+        raise MemoryBudgetError(
+            f"no plan fits the memory budget of {budget:.4g} bytes per device on mesh {sizes}; "
+            f"the smallest the planner reached is {e.smallest_bytes:.4g} bytes",
+            budget, e.smallest_bytes) from None
+    solved = time.perf_counter()
+    choice = result.choice
+    in_avals = [jax.ShapeDtypeStruct(graph.values[graph.nodes[n].outputs[0]].shape,
+                                     graph.values[graph.nodes[n].outputs[0]].dtype)
+                for n in graph.arg_nodes]
+    out_specs = []
+    for value_id, aval in zip(graph.outputs, graph.out_avals):
+        if value_id is None:
+            out_specs.append(specs.replicated(len(aval.shape)))
+        else:
+            value = graph.values[value_id]
+            out_specs.append(cg.node_strategy(value.producer, choice).out_specs[value.index])
+    solver_info = {"status": result.status, "groups": cg.num_groups, "nodes": len(graph.nodes),
+                   "edges": len(cg.edges), "trace_s": traced - started,
+                   "cost_s": costed - traced, "solve_s": solved - costed}
+    return Plan(mesh=mesh, hardware=hw, arguments=argument_infos(cg, request, choice),
+                out_specs=out_specs, decisions=decisions_from(cg, choice),
+                cost=plan_cost(cg, choice, result.memory_bytes),
+                fingerprint=program_fingerprint(graph.closed_jaxpr, in_avals),
+                memory_budget=budget, donate_argnums=tuple(donate_argnums),
+                program=(graph.closed_jaxpr, graph.in_tree, graph.out_tree),
+                solver=solver_info)
+
+
+def abstract_signature(args) -> tuple:
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    return (tree, tuple((tuple(np.shape(x)), str(getattr(x, "dtype", type(x)))) for x in leaves))
+
+
+class AutoSharded:
+    """A function that plans itself on first call and caches per abstract signature."""
+
+    def __init__(self, fn: Callable, **plan_kwargs):
+        self.fn = fn
+        self.plan_kwargs = plan_kwargs
+        self._plans: dict = {}
+        self._jitted: dict = {}
+        functools.update_wrapper(self, fn)
+
+    def plan_for(self, *args) -> Plan:
+        """The plan for these arguments (planned now if not cached)."""
+        key = abstract_signature(args)
+        if key not in self._plans:
+            self._plans[key] = plan(self.fn, *args, **self.plan_kwargs)
+        return self._plans[key]
+
+    def __call__(self, *args):
+        key = abstract_signature(args)
+        if key not in self._jitted:
+            self._jitted[key] = self.plan_for(*args).jit()
+        return self._jitted[key](*args)
+
+
+def auto_shard(fn: Callable | None = None, *, mesh: Mesh, hardware: Hardware | None = None,
+               memory_budget: float | None = None, pins: Mapping[str, Any] | None = None,
+               donate_argnums: Sequence[int] = (), time_limit_s: float = 60.0):
+    """Decorator: shard ``fn`` automatically over ``mesh``; plans on the first call.
+
+    Example::
+
+        @autoshard.auto_shard(mesh=mesh)
+        def train_step(params, opt_state, batch): ...
+
+        params, opt_state, loss = train_step(params, opt_state, batch)
+        train_step.plan_for(params, opt_state, batch).summary()
+    """
+    kwargs = dict(mesh=mesh, hardware=hardware, memory_budget=memory_budget, pins=pins,
+                  donate_argnums=donate_argnums, time_limit_s=time_limit_s)
+    if fn is None:
+        return lambda f: AutoSharded(f, **kwargs)
+    return AutoSharded(fn, **kwargs)

@@ -1,0 +1,183 @@
+"""apply: re-interpret the traced program with the plan's sharding decisions.
+
+The read/bind/write loop of ``jax.core.eval_jaxpr``, with two additions: an operand the
+plan reshards is passed through ``with_sharding_constraint`` first, and a result the plan
+fixes (a group root: a dot, a reduction, a loop seam) is constrained after. Everything
+else is left to XLA's sharding propagation. Scans, while loops and conds are rebuilt with
+``lax.scan`` / ``lax.while_loop`` / ``lax.switch`` around re-interpreted bodies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Sequence
+
+import jax
+from jax import lax
+from jax.extend.core import Literal
+from jax.sharding import Mesh, NamedSharding
+
+from autoshard import specs
+from autoshard.specs import Spec
+from autoshard.trace import INLINED, split_closed
+
+REMAT = ("checkpoint", "remat2", "remat")
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """What ``apply`` does at one node: specs to constrain operands/results to (None: leave)."""
+
+    in_specs: tuple[Spec | None, ...] = ()
+    out_specs: tuple[Spec | None, ...] = ()
+
+
+class Rewriter:
+    def __init__(self, decisions: Mapping[tuple, Decision], mesh: Mesh):
+        self.decisions = decisions
+        self.mesh = mesh
+
+    def constrain(self, x, spec: Spec | None):
+        if spec is None or isinstance(x, Literal) or not hasattr(x, "shape"):
+            return x
+        sharding = NamedSharding(self.mesh, specs.to_partition_spec(spec))
+        return jax.lax.with_sharding_constraint(x, sharding)
+
+    def constrain_all(self, xs, spec_list):
+        if not spec_list:
+            return list(xs)
+        return [self.constrain(x, s) for x, s in zip(xs, spec_list)]
+
+    def decision(self, key) -> Decision:
+        return self.decisions.get(key, Decision())
+
+    def run(self, jaxpr, consts, args, key) -> list:
+        env: dict = {}
+        for var, value in zip(jaxpr.constvars, consts):
+            env[var] = value
+        for var, value in zip(jaxpr.invars, args):
+            env[var] = value
+
+        def read(atom):
+            return atom.val if isinstance(atom, Literal) else env[atom]
+
+        for i, eqn in enumerate(jaxpr.eqns):
+            outs = self.eqn(eqn, [read(v) for v in eqn.invars], key + (i,))
+            for var, value in zip(eqn.outvars, outs):
+                env[var] = value
+        return [read(v) for v in jaxpr.outvars]
+
+    def eqn(self, eqn, ins, key) -> list:
+        name = eqn.primitive.name
+        if name in INLINED:
+            inner, consts = split_closed(eqn.params[INLINED[name]])
+            body = lambda *a: self.run(inner, consts, a, key + (name,))  # noqa: E731
+            if name in REMAT:
+                body = jax.checkpoint(body, prevent_cse=eqn.params.get("prevent_cse", True),
+                                      policy=eqn.params.get("policy"))
+            return list(body(*ins))
+        if name == "scan":
+            return self.scan(eqn, ins, key)
+        if name == "while":
+            return self.while_loop(eqn, ins, key)
+        if name == "cond":
+            return self.cond(eqn, ins, key)
+        decision = self.decision(key)
+        ins = self.constrain_all(ins, decision.in_specs)
+        outs = eqn.primitive.bind(*ins, **eqn.params)
+        outs = list(outs) if eqn.primitive.multiple_results else [outs]
+        return self.constrain_all(outs, decision.out_specs)
+
+    def seam(self, key, x, which="out"):
+        decision = self.decision(key)
+        spec_list = decision.out_specs if which == "out" else decision.in_specs
+        return self.constrain(x, spec_list[0] if spec_list else None)
+
+    def scan(self, eqn, ins, key) -> list:
+        p = eqn.params
+        body, body_consts = split_closed(p["jaxpr"])
+        nc, ncarry = p["num_consts"], p["num_carry"]
+        consts = [self.seam(key + ("const", k), x) for k, x in enumerate(ins[:nc])]
+        init = [self.seam(key + ("carry", k), x) for k, x in enumerate(ins[nc:nc + ncarry])]
+        xs = [self.seam(key + ("xs", k), x, "in") for k, x in enumerate(ins[nc + ncarry:])]
+
+        def step(carry, x):
+            carry = [self.seam(key + ("carry", k), c) for k, c in enumerate(carry)]
+            x = [self.seam(key + ("xs", k), v) for k, v in enumerate(x)]
+            outs = self.run(body, body_consts, [*consts, *carry, *x], key + ("body",))
+            new_carry = [self.seam(key + ("carry", k), c) for k, c in enumerate(outs[:ncarry])]
+            ys = [self.seam(key + ("ys", k), y, "in") for k, y in enumerate(outs[ncarry:])]
+            return new_carry, ys
+
+        final, ys = lax.scan(step, init, xs, length=p["length"], reverse=p["reverse"],
+                             unroll=p["unroll"])
+        final = [self.seam(key + ("carry", k), c) for k, c in enumerate(final)]
+        ys = [self.seam(key + ("ys", k), y) for k, y in enumerate(ys)]
+        return [*final, *ys]
+
+    def while_loop(self, eqn, ins, key) -> list:
+        p = eqn.params
+        cond, cond_consts_closed = split_closed(p["cond_jaxpr"])
+        body, body_consts_closed = split_closed(p["body_jaxpr"])
+        cn, bn = p["cond_nconsts"], p["body_nconsts"]
+        cond_consts = ins[:cn]
+        body_consts = [self.seam(key + ("const", k), x) for k, x in enumerate(ins[cn:cn + bn])]
+        init = [self.seam(key + ("carry", k), x) for k, x in enumerate(ins[cn + bn:])]
+
+        def cond_fun(carry):
+            (out,) = jax.core.eval_jaxpr(cond, cond_consts_closed, *cond_consts, *carry)
+            return out
+
+        def body_fun(carry):
+            carry = [self.seam(key + ("carry", k), c) for k, c in enumerate(carry)]
+            outs = self.run(body, body_consts_closed, [*body_consts, *carry], key + ("body",))
+            return [self.seam(key + ("carry", k), c) for k, c in enumerate(outs)]
+
+        final = lax.while_loop(cond_fun, body_fun, init)
+        return [self.seam(key + ("carry", k), c) for k, c in enumerate(final)]
+
+    def cond(self, eqn, ins, key) -> list:
+        index, ops = ins[0], ins[1:]
+        ops = [self.seam(key + ("in", k), x) for k, x in enumerate(ops)]
+
+        def branch_fn(b, branch):
+            inner, consts = split_closed(branch)
+
+            def fn(*operands):
+                outs = self.run(inner, consts, operands, key + (f"branch{b}",))
+                return [self.seam(key + ("out", k), o) for k, o in enumerate(outs)]
+            return fn
+
+        branches = [branch_fn(b, br) for b, br in enumerate(eqn.params["branches"])]
+        outs = lax.switch(index, branches, *ops)
+        return [self.seam(key + ("out", k), o) for k, o in enumerate(outs)]
+
+
+def rewrite(closed_jaxpr, decisions: Mapping[tuple, Decision], mesh: Mesh):
+    """A function of the flat arguments that runs the program with the plan's constraints."""
+    rewriter = Rewriter(decisions, mesh)
+
+    def flat_fn(*flat_args):
+        return rewriter.run(closed_jaxpr.jaxpr, closed_jaxpr.consts, flat_args, ())
+    return flat_fn
+
+
+def make_jit(closed_jaxpr, in_tree, out_tree, decisions, mesh: Mesh,
+             in_specs: Sequence[Spec], out_specs: Sequence[Spec], donate_argnums=()):
+    """jax.jit of the rewritten program, taking and returning the user's pytrees."""
+    flat_fn = rewrite(closed_jaxpr, decisions, mesh)
+
+    def fn(*args):
+        flat, tree = jax.tree_util.tree_flatten(args)
+        if tree != in_tree:
+            from autoshard.errors import PlanError
+            raise PlanError(f"arguments have structure {tree}; the plan was made for {in_tree}")
+        return jax.tree_util.tree_unflatten(out_tree, flat_fn(*flat))
+
+    def sharding(spec):
+        return NamedSharding(mesh, specs.to_partition_spec(spec))
+
+    in_shardings = jax.tree_util.tree_unflatten(in_tree, [sharding(s) for s in in_specs])
+    out_shardings = jax.tree_util.tree_unflatten(out_tree, [sharding(s) for s in out_specs])
+    return jax.jit(fn, in_shardings=tuple(in_shardings), out_shardings=out_shardings,
+                   donate_argnums=donate_argnums)

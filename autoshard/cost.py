@@ -1,0 +1,277 @@
+"""cost: StrategySpace -> CostGraph.
+
+Nodes that simply follow an operand (elementwise chains, reshapes, converts, loop seams)
+join their producer's group, so the solver picks one strategy per group. A CostGraph
+holds what the solver needs and nothing of jax: a cost vector per group (compute,
+collectives, resharding inside the group), a resharding matrix per edge between groups,
+and the per-device memory of every value as a vector over its group's strategies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from autoshard import hardware as hwlib
+from autoshard import specs
+from autoshard.hardware import Hardware
+from autoshard.specs import Spec
+from autoshard.strategies import Collective, StrategySpace
+
+
+# -- resharding -----------------------------------------------------------------------------
+
+def reshard_collectives(shape: Sequence[int], dtype, src: Spec, dst: Spec,
+                        axis_sizes: Mapping[str, int], hw: Hardware) -> tuple[Collective, ...]:
+    """The collectives that turn an array split as ``src`` into one split as ``dst``.
+
+    Per dim, axes past the common prefix of ``src`` and ``dst`` leave that dim. An axis
+    that leaves one dim and joins another moves by all-to-all; one that leaves and joins
+    none is all-gathered; one that only joins is a free local slice.
+    """
+    if src == dst:
+        return ()
+    total = specs.nbytes(shape, dtype)
+    leaving, joining = [], set()
+    for s, d in zip(src, dst):
+        common = 0
+        while common < min(len(s), len(d)) and s[common] == d[common]:
+            common += 1
+        leaving += s[common:]
+        joining |= set(d[common:])
+    current = set(specs.spec_axes(src))
+    out = []
+    for axis in [a for a in leaving if a in joining]:
+        num_bytes = total / specs.dim_shards(tuple(current), axis_sizes)
+        seconds = hwlib.all_to_all_seconds(num_bytes, axis_sizes[axis], hw.bandwidth(axis),
+                                           hw.link_latency)
+        out.append(Collective("all-to-all", (axis,), num_bytes, seconds))
+    gathered = tuple(a for a in leaving if a not in joining)
+    if gathered:
+        current -= set(gathered)
+        num_bytes = total / specs.dim_shards(tuple(current), axis_sizes)
+        group = specs.dim_shards(gathered, axis_sizes)
+        seconds = hwlib.all_gather_seconds(num_bytes, group, hw.group_bandwidth(gathered),
+                                           hw.link_latency)
+        out.append(Collective("all-gather", gathered, num_bytes, seconds))
+    return tuple(out)
+
+
+def reshard_seconds(shape, dtype, src: Spec, dst: Spec, axis_sizes, hw) -> float:
+    return sum(c.seconds for c in reshard_collectives(shape, dtype, src, dst, axis_sizes, hw))
+
+
+# -- the cost graph ---------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Edge:
+    src: int                # group
+    dst: int                # group
+    cost: np.ndarray        # [strategies of src, strategies of dst], seconds
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryTerm:
+    group: int
+    num_bytes: np.ndarray   # per strategy of the group, per device
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class CostGraph:
+    space: StrategySpace
+    group_of_node: tuple[int, ...]
+    groups: tuple[tuple[int, ...], ...]          # member node ids, root first
+    choice: tuple[np.ndarray, ...]               # per node: group strategy -> node strategy
+    node_costs: tuple[np.ndarray, ...]           # per group, seconds
+    edges: tuple[Edge, ...]
+    memory_terms: tuple[MemoryTerm, ...]
+    fixed_terms: tuple[int, ...]                 # arguments and outputs: always resident
+    memory_rows: tuple[tuple[int, ...], ...]     # temporaries live together at a point
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.groups)
+
+    def node_strategy(self, node_id: int, group_choice: Sequence[int]):
+        g = self.group_of_node[node_id]
+        return self.space.strategies[node_id][self.choice[node_id][group_choice[g]]]
+
+
+class _Builder:
+    def __init__(self, space: StrategySpace, donated_outputs: set[int]):
+        self.space = space
+        self.graph = space.graph
+        self.hw = space.hardware
+        self.axis_sizes = space.axis_sizes
+        self.donated_outputs = donated_outputs
+        self.group_of_node: list[int] = []
+        self.groups: list[list[int]] = []
+        self.choice: list[np.ndarray] = []
+
+    @functools.lru_cache(maxsize=None)
+    def reshard(self, value_id: int, src: Spec, dst: Spec) -> float:
+        v = self.graph.values[value_id]
+        return reshard_seconds(v.shape, v.dtype, src, dst, self.axis_sizes, self.hw)
+
+    def out_spec(self, node_id: int, group_strategy: int, index: int) -> Spec:
+        s = self.space.strategies[node_id][self.choice[node_id][group_strategy]]
+        return s.out_specs[index]
+
+    # -- grouping followers --
+    def main_operand(self, node) -> int | None:
+        einsum = self.space.einsums[node.id]
+        if node.kind == "arg" or node.kind == "const" or einsum is None or not einsum.fusible:
+            return None
+        best, best_bytes = None, -1
+        for i, v in enumerate(node.operands):
+            if v is not None and self.graph.values[v].producer < node.id:
+                if self.graph.values[v].num_bytes > best_bytes:
+                    best, best_bytes = i, self.graph.values[v].num_bytes
+        if best is None:
+            return None
+        out_bytes = max(self.graph.values[o].num_bytes for o in node.outputs)
+        return best if out_bytes <= best_bytes else None
+
+    def follow(self, node, i) -> np.ndarray:
+        value = self.graph.values[node.operands[i]]
+        u = value.producer
+        g = self.group_of_node[u]
+        strategies = self.space.strategies[node.id]
+        picks, by_spec = [], {}
+        for s in range(len(self.choice[self.groups[g][0]])):
+            src = self.out_spec(u, s, value.index)
+            if src not in by_spec:
+                costs = [self.reshard(value.id, src, t.in_specs[i]) + t.seconds for t in strategies]
+                by_spec[src] = int(np.argmin(costs))
+            picks.append(by_spec[src])
+        return np.asarray(picks, dtype=np.int32)
+
+    def build_groups(self):
+        for node in self.graph.nodes:
+            i = self.main_operand(node)
+            if i is None:
+                self.group_of_node.append(len(self.groups))
+                self.groups.append([node.id])
+                self.choice.append(np.arange(len(self.space.strategies[node.id]), dtype=np.int32))
+            else:
+                g = self.group_of_node[self.graph.values[node.operands[i]].producer]
+                self.choice.append(self.follow(node, i))
+                self.group_of_node.append(g)
+                self.groups[g].append(node.id)
+
+    # -- costs --
+    def group_size(self, g) -> int:
+        return len(self.choice[self.groups[g][0]])
+
+    def build_costs(self):
+        node_costs = [np.zeros(self.group_size(g)) for g in range(len(self.groups))]
+        for node in self.graph.nodes:
+            g = self.group_of_node[node.id]
+            seconds = np.array([s.seconds for s in self.space.strategies[node.id]])
+            node_costs[g] += seconds[self.choice[node.id]]
+        edges: dict[tuple[int, int], np.ndarray] = {}
+        for node in self.graph.nodes:
+            gv = self.group_of_node[node.id]
+            for i, value_id in enumerate(node.operands):
+                if value_id is None:
+                    continue
+                value = self.graph.values[value_id]
+                gu = self.group_of_node[value.producer]
+                matrix = self.edge_matrix(value, node, i) * node.operand_weights[i]
+                if gu == gv:
+                    node_costs[gu] += np.diag(matrix)
+                elif (gv, gu) in edges:
+                    edges[(gv, gu)] += matrix.T
+                else:
+                    edges[(gu, gv)] = edges.get((gu, gv), 0) + matrix
+        return node_costs, [Edge(u, v, m) for (u, v), m in edges.items()]
+
+    def edge_matrix(self, value, node, i) -> np.ndarray:
+        gu = self.group_of_node[value.producer]
+        srcs = [self.out_spec(value.producer, s, value.index) for s in range(self.group_size(gu))]
+        gv = self.group_of_node[node.id]
+        dsts = [self.space.strategies[node.id][c].in_specs[i] for c in self.choice[node.id]]
+        src_keys, src_idx = np.unique(np.array([hash(s) for s in srcs]), return_inverse=True)
+        dst_keys, dst_idx = np.unique(np.array([hash(d) for d in dsts]), return_inverse=True)
+        src_of = {hash(s): s for s in srcs}
+        dst_of = {hash(d): d for d in dsts}
+        small = np.array([[self.reshard(value.id, src_of[a], dst_of[b]) for b in dst_keys]
+                          for a in src_keys])
+        return small[np.ix_(src_idx.ravel(), dst_idx.ravel())]
+
+    # -- memory --
+    def value_bytes(self, value_id: int) -> MemoryTerm:
+        value = self.graph.values[value_id]
+        g = self.group_of_node[value.producer]
+        num_bytes = np.array([specs.per_device_bytes(value.shape, value.dtype,
+                                                     self.out_spec(value.producer, s, value.index),
+                                                     self.axis_sizes)
+                              for s in range(self.group_size(g))])
+        return MemoryTerm(g, num_bytes)
+
+    def build_memory(self):
+        graph = self.graph
+        terms: list[MemoryTerm] = []
+        fixed = []
+        resident = set()
+        for node_id in graph.arg_nodes:
+            value_id = graph.nodes[node_id].outputs[0]
+            resident.add(value_id)
+            fixed.append(len(terms))
+            terms.append(self.value_bytes(value_id))
+        for k, value_id in enumerate(graph.outputs):
+            if value_id is None or k in self.donated_outputs:
+                continue
+            resident.add(value_id)
+            fixed.append(len(terms))
+            terms.append(self.value_bytes(value_id))
+        last_use = {}
+        for value in graph.values:
+            users = [u for u, _ in graph.users[value.id]]
+            last_use[value.id] = max([value.producer, *users])
+        births: dict[int, list[int]] = {}
+        for value in graph.values:
+            if value.id in resident or not self.space.materialized[value.id]:
+                continue
+            if graph.nodes[value.producer].kind == "boundary":
+                continue  # a loop seam aliases the buffer it connects
+            births.setdefault(value.producer, []).append(value.id)
+        term_of_value = {}
+        for values in births.values():
+            for value_id in values:
+                term_of_value[value_id] = len(terms)
+                terms.append(self.value_bytes(value_id))
+        rows, live = [], set()
+        deaths: dict[int, list[int]] = {}
+        for value_id in term_of_value:
+            deaths.setdefault(last_use[value_id], []).append(value_id)
+        for node in graph.nodes:
+            live |= set(births.get(node.id, ()))
+            dying = deaths.get(node.id, ())
+            if dying:
+                rows.append(tuple(sorted(term_of_value[v] for v in live)))
+                live -= set(dying)
+        unique_rows = tuple(dict.fromkeys(rows))
+        return tuple(terms), tuple(fixed), unique_rows
+
+
+# Between plans of equal time, prefer the one that keeps fewer bytes per device.
+TIEBREAK_SECONDS_PER_BYTE = 1e-15
+
+
+def build_cost_graph(space: StrategySpace, donated_outputs: Sequence[int] = ()) -> CostGraph:
+    """Group followers, then price every group and every edge between groups."""
+    builder = _Builder(space, set(donated_outputs))
+    builder.build_groups()
+    node_costs, edges = builder.build_costs()
+    terms, fixed, rows = builder.build_memory()
+    for term in terms:
+        node_costs[term.group] = node_costs[term.group] + TIEBREAK_SECONDS_PER_BYTE * term.num_bytes
+    return CostGraph(space=space, group_of_node=tuple(builder.group_of_node),
+                     groups=tuple(tuple(g) for g in builder.groups),
+                     choice=tuple(builder.choice), node_costs=tuple(node_costs),
+                     edges=tuple(edges), memory_terms=terms, fixed_terms=fixed,
+                     memory_rows=rows)

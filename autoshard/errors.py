@@ -1,0 +1,30 @@
+"""Errors raised by autoshard. Every one names the culprit."""
+
+
+class AutoshardError(Exception):
+    """Base class of every error autoshard raises on bad input."""
+
+
+class MeshError(AutoshardError):
+    """The mesh cannot be used (wrong axis types, unknown axis names, bad shape)."""
+
+
+class PinError(AutoshardError):
+    """A pin names a path or mesh axis that does not exist, or cannot be honored."""
+
+
+class InputError(AutoshardError):
+    """An argument is not an array-like leaf (or a jax.ShapeDtypeStruct)."""
+
+
+class MemoryBudgetError(AutoshardError):
+    """No plan fits the memory budget; carries the smallest memory the planner reached."""
+
+    def __init__(self, message: str, budget_bytes: float, smallest_bytes: float):
+        super().__init__(message)
+        self.budget_bytes = budget_bytes
+        self.smallest_bytes = smallest_bytes
+
+
+class PlanError(AutoshardError):
+    """A plan does not match the program or mesh it is used with."""

@@ -1,0 +1,289 @@
+"""plan: the solver's choice turned into specs, shardings, a cost breakdown and views.
+
+A ``Plan`` is self-contained: specs per argument and output, the constraints ``apply``
+inserts (keyed by equation path), the predicted cost and, per argument, why its spec won
+(the runner-up specs and what each would cost). It round-trips through JSON exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import io
+import json
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+from autoshard import specs
+from autoshard.apply import Decision, make_jit
+from autoshard.errors import PlanError
+from autoshard.hardware import Hardware
+from autoshard.specs import Spec
+
+FORMAT_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanCost:
+    """Predicted per-device cost of one call: seconds and peak bytes."""
+
+    compute_s: float
+    comm_s: float
+    memory_bytes: float
+    reshard_s: float = 0.0   # the part of comm_s spent resharding between operations
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.comm_s
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgumentInfo:
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+    spec: Spec
+    alternatives: tuple[tuple[Spec, float], ...] = ()   # (spec, extra seconds if chosen)
+
+
+def program_fingerprint(closed_jaxpr, in_avals) -> str:
+    text = str(closed_jaxpr) + repr([(tuple(a.shape), str(a.dtype)) for a in in_avals])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def spec_to_json(spec: Spec | None):
+    return None if spec is None else [list(axes) for axes in spec]
+
+
+def spec_from_json(obj) -> Spec | None:
+    return None if obj is None else tuple(tuple(axes) for axes in obj)
+
+
+def key_to_json(key: tuple) -> list:
+    return list(key)
+
+
+class Plan:
+    """A sharding plan for one program on one mesh.
+
+    Example::
+
+        plan = autoshard.plan(train_step, params, opt_state, batch, mesh=mesh)
+        plan.summary()
+        params, opt_state, loss = plan.jit(donate_argnums=(0, 1))(params, opt_state, batch)
+    """
+
+    def __init__(self, *, mesh: Mesh, hardware: Hardware, arguments: Sequence[ArgumentInfo],
+                 out_specs: Sequence[Spec], decisions: Mapping[tuple, Decision], cost: PlanCost,
+                 fingerprint: str, memory_budget: float | None = None, donate_argnums=(),
+                 program=None, solver: Mapping[str, Any] | None = None):
+        self.mesh = mesh
+        self.hardware = hardware
+        self.arguments = tuple(arguments)
+        self.out_specs = tuple(out_specs)
+        self.decisions = dict(decisions)
+        self.cost = cost
+        self.fingerprint = fingerprint
+        self.memory_budget = memory_budget
+        self.donate_argnums = tuple(donate_argnums)
+        self.solver = dict(solver or {})
+        self._program = program   # (closed_jaxpr, in_tree, out_tree) when planned here
+
+    # -- shardings ---------------------------------------------------------------------
+    def _sharding(self, spec: Spec) -> NamedSharding:
+        return NamedSharding(self.mesh, specs.to_partition_spec(spec))
+
+    @property
+    def in_specs(self) -> tuple[Spec, ...]:
+        return tuple(a.spec for a in self.arguments)
+
+    @property
+    def in_shardings(self):
+        """Pytree of NamedSharding matching the arguments."""
+        tree = self._require_program("in_shardings")[1]
+        return jax.tree_util.tree_unflatten(tree, [self._sharding(s) for s in self.in_specs])
+
+    @property
+    def out_shardings(self):
+        """Pytree of NamedSharding matching the outputs."""
+        tree = self._require_program("out_shardings")[2]
+        return jax.tree_util.tree_unflatten(tree, [self._sharding(s) for s in self.out_specs])
+
+    def _require_program(self, what: str):
+        if self._program is None:
+            raise PlanError(f"{what} needs the program: call plan.bind(fn, *args) on a plan "
+                            "loaded from JSON")
+        return self._program
+
+    def bind(self, fn, *args) -> "Plan":
+        """Attach the program to a plan loaded from JSON; checks it is the same program."""
+        from autoshard.trace import flatten_args
+        leaves, _, in_tree = flatten_args(fn, args)
+
+        def flat_fn(*flat):
+            return fn(*jax.tree_util.tree_unflatten(in_tree, flat))
+        closed, out_shapes = jax.make_jaxpr(flat_fn, return_shape=True)(*leaves)
+        found = program_fingerprint(closed, leaves)
+        if found != self.fingerprint:
+            raise PlanError(f"program fingerprint {found} differs from the plan's "
+                            f"{self.fingerprint}: the plan was made for another program")
+        self._program = (closed, in_tree, jax.tree_util.tree_structure(out_shapes))
+        return self
+
+    def jit(self, donate_argnums: Sequence[int] | None = None):
+        """jax.jit of the rewritten function with the plan's in/out shardings."""
+        closed, in_tree, out_tree = self._require_program("jit")
+        donate = self.donate_argnums if donate_argnums is None else tuple(donate_argnums)
+        return make_jit(closed, in_tree, out_tree, self.decisions, self.mesh, self.in_specs,
+                        self.out_specs, donate)
+
+    def report(self, *args, donate_argnums: Sequence[int] | None = None):
+        """Compile the plan and put the prediction beside what XLA compiled."""
+        from autoshard.inspect import inspect
+        compiled = self.jit(donate_argnums).lower(*args).compile()
+        return PlanReport(self, inspect(compiled, self.hardware, self.mesh))
+
+    # -- views -------------------------------------------------------------------------
+    def rows(self) -> list[dict]:
+        sizes = dict(zip(self.mesh.axis_names, self.mesh.devices.shape))
+        out = []
+        for a in self.arguments:
+            per_device = specs.per_device_bytes(a.shape, a.dtype, a.spec, sizes)
+            out.append(dict(path=a.path, shape=a.shape, dtype=a.dtype,
+                            spec=specs.spec_str(a.spec), bytes_per_device=per_device,
+                            sharded=bool(specs.spec_axes(a.spec))))
+        return out
+
+    def table(self):
+        """The plan table as a rich Table."""
+        from rich.table import Table
+        table = Table(title=f"autoshard plan on mesh {dict(zip(self.mesh.axis_names, self.mesh.devices.shape))}")
+        for col in ("path", "shape", "dtype", "spec", "bytes/device"):
+            table.add_column(col, justify="right" if col == "bytes/device" else "left")
+        for r in self.rows():
+            table.add_row(r["path"], str(r["shape"]), r["dtype"], r["spec"],
+                          _human_bytes(r["bytes_per_device"]))
+        c = self.cost
+        table.caption = (f"predicted per device: compute {c.compute_s * 1e3:.3f} ms, "
+                         f"comm {c.comm_s * 1e3:.3f} ms, total {c.total_s * 1e3:.3f} ms, "
+                         f"memory {_human_bytes(c.memory_bytes)}")
+        return table
+
+    def summary_text(self, width: int = 120) -> str:
+        from rich.console import Console
+        buffer = io.StringIO()
+        Console(file=buffer, width=width, force_terminal=False, color_system=None).print(self.table())
+        return buffer.getvalue()
+
+    def summary(self) -> None:
+        """Print the plan table: path, shape, spec, bytes per device, and the cost."""
+        print(self.summary_text())
+
+    def argument(self, path: str) -> ArgumentInfo:
+        for a in self.arguments:
+            if a.path == path:
+                return a
+        close = difflib.get_close_matches(path, [a.path for a in self.arguments], n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise PlanError(f"no argument at path {path!r}{hint}")
+
+    def explain(self, path: str) -> str:
+        """Why the argument at ``path`` got its spec: the runner-ups and what they cost."""
+        a = self.argument(path)
+        lines = [f"{a.path} {a.dtype}{list(a.shape)} -> {specs.spec_str(a.spec)}"]
+        if not a.alternatives:
+            lines.append("  no other spec was possible (too small to split, pinned, or no "
+                         "mesh axis divides its dims)")
+        for spec, extra in a.alternatives:
+            lines.append(f"  {specs.spec_str(spec):<28} would cost {extra * 1e6:+.2f} us "
+                         "per step (its own and neighbouring costs, rest of the plan fixed)")
+        return "\n".join(lines)
+
+    # -- JSON --------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "format": FORMAT_VERSION,
+            "fingerprint": self.fingerprint,
+            "mesh": {"axis_names": list(self.mesh.axis_names),
+                     "shape": list(self.mesh.devices.shape)},
+            "hardware": self.hardware.to_dict(),
+            "memory_budget": self.memory_budget,
+            "donate_argnums": list(self.donate_argnums),
+            "cost": dataclasses.asdict(self.cost),
+            "arguments": [{"path": a.path, "shape": list(a.shape), "dtype": a.dtype,
+                           "spec": spec_to_json(a.spec),
+                           "alternatives": [[spec_to_json(s), x] for s, x in a.alternatives]}
+                          for a in self.arguments],
+            "outputs": [spec_to_json(s) for s in self.out_specs],
+            "decisions": [{"key": key_to_json(k),
+                           "in": [spec_to_json(s) for s in d.in_specs],
+                           "out": [spec_to_json(s) for s in d.out_specs]}
+                          for k, d in self.decisions.items()],
+            "solver": self.solver,
+        }
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str, mesh: Mesh) -> "Plan":
+        d = json.loads(text)
+        if d.get("format") != FORMAT_VERSION:
+            raise PlanError(f"plan format {d.get('format')} is not {FORMAT_VERSION}")
+        want = dict(zip(d["mesh"]["axis_names"], d["mesh"]["shape"]))
+        have = dict(zip(mesh.axis_names, mesh.devices.shape))
+        if want != have:
+            raise PlanError(f"plan was made for mesh {want}; got mesh {have}")
+        hw = d["hardware"]
+        return cls(
+            mesh=mesh, hardware=Hardware.from_dict(hw),
+            arguments=[ArgumentInfo(a["path"], tuple(a["shape"]), a["dtype"],
+                                    spec_from_json(a["spec"]),
+                                    tuple((spec_from_json(s), x) for s, x in a["alternatives"]))
+                       for a in d["arguments"]],
+            out_specs=[spec_from_json(s) for s in d["outputs"]],
+            decisions={tuple(x["key"]): Decision(tuple(spec_from_json(s) for s in x["in"]),
+                                                  tuple(spec_from_json(s) for s in x["out"]))
+                       for x in d["decisions"]},
+            cost=PlanCost(**d["cost"]), fingerprint=d["fingerprint"],
+            memory_budget=d["memory_budget"], donate_argnums=tuple(d["donate_argnums"]),
+            solver=d.get("solver"))
+
+    def __repr__(self) -> str:
+        c = self.cost
+        return (f"Plan({len(self.arguments)} arguments, mesh "
+                f"{dict(zip(self.mesh.axis_names, self.mesh.devices.shape))}, predicted "
+                f"{c.total_s * 1e3:.3f} ms/step, {_human_bytes(c.memory_bytes)}/device)")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanReport:
+    """A plan's prediction beside its compiled program's figures."""
+
+    plan: Plan
+    compiled: Any   # autoshard.inspect.Report
+
+    def rows(self) -> list[tuple[str, float, float]]:
+        p, c = self.plan.cost, self.compiled
+        return [("compute_s", p.compute_s, c.compute_s), ("comm_s", p.comm_s, c.comm_s),
+                ("total_s", p.total_s, c.total_s),
+                ("memory_bytes", p.memory_bytes, c.memory_bytes)]
+
+    def __str__(self) -> str:
+        lines = [f"{'':14}{'predicted':>14}{'compiled':>14}{'ratio':>8}"]
+        for name, pred, comp in self.rows():
+            ratio = pred / comp if comp else float("nan")
+            lines.append(f"{name:14}{pred:>14.4g}{comp:>14.4g}{ratio:>8.2f}")
+        return "\n".join(lines)
+
+
+def _human_bytes(num_bytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(num_bytes) < 1024 or unit == "TiB":
+            return f"{num_bytes:.1f} {unit}" if unit != "B" else f"{num_bytes:.0f} B"
+        num_bytes /= 1024
+    return f"{num_bytes:.1f} TiB"

@@ -1,0 +1,111 @@
+"""Per-primitive sharding rules, written as einsum factors.
+
+A rule maps one node (its primitive, params and operand/output shapes) to an ``Einsum``:
+a label per dim of every operand and output. Dims with the same label split together;
+a label found only on operands is contracted (``reduce``) and, when split, leaves a
+partial result that costs an all-reduce (or a reduce-scatter). A ``None`` label is a dim
+that must not be split. ``str(einsum)`` is the golden form tests compare, e.g.
+``"bmk,bkn->bmn reduce={k}"``.
+
+Rules are registered right under their definition with ``@register("name", ...)``;
+``rule_for`` falls back to a fully replicated rule and warns once per primitive.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from typing import Callable
+
+from autoshard.graph import Node
+
+
+@dataclasses.dataclass(frozen=True)
+class Einsum:
+    operands: tuple[tuple[str | None, ...], ...]
+    outputs: tuple[tuple[str | None, ...], ...]
+    sizes: dict
+    reduce: frozenset = frozenset()
+    reduce_op: str = "sum"           # how partial results combine: sum, max, min, ...
+    flops: float = 0.0
+    fusible: bool = False            # XLA fuses it into neighbours (elementwise-like)
+
+    def __str__(self) -> str:
+        def term(labels):
+            return "".join("." if l is None else l for l in labels)
+        text = ",".join(term(o) for o in self.operands) + "->" + ",".join(
+            term(o) for o in self.outputs)
+        if self.reduce:
+            text += " reduce={" + ",".join(sorted(self.reduce)) + "}"
+        return text
+
+    @property
+    def labels(self) -> list[str]:
+        seen = []
+        for term in self.operands + self.outputs:
+            for label in term:
+                if label is not None and label not in seen:
+                    seen.append(label)
+        return seen
+
+
+Rule = Callable[[Node], Einsum]
+RULES: dict[str, Rule] = {}
+_warned: set[str] = set()
+
+
+def register(*names: str):
+    def deco(rule: Rule) -> Rule:
+        for name in names:
+            RULES[name] = rule
+        return rule
+    return deco
+
+
+class LabelMaker:
+    """Hands out fresh single-letter labels and records their sizes."""
+
+    ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+    def __init__(self):
+        self.sizes: dict[str, int] = {}
+
+    def new(self, size: int, hint: str = "") -> str | None:
+        if size <= 1:
+            return None
+        free = [c for c in hint + self.ALPHABET if c not in self.sizes]
+        label = free[0] if free else f"x{len(self.sizes)}"
+        self.sizes[label] = int(size)
+        return label
+
+    def shrink(self, label: str | None, size: int) -> str | None:
+        """Limit a label to splits that also divide ``size`` (gcd of the two extents)."""
+        if label is None:
+            return None
+        self.sizes[label] = math.gcd(self.sizes[label], int(size))
+        return label if self.sizes[label] > 1 else None
+
+
+def replicated_rule(node: Node) -> Einsum:
+    operands = tuple((None,) * len(s) for s in node.operand_shapes)
+    return Einsum(operands, tuple(() for _ in node.outputs), {})
+
+
+def rule_for(node: Node, out_shapes) -> Einsum:
+    rule = RULES.get(node.primitive)
+    if rule is None:
+        if node.primitive not in _warned:
+            _warned.add(node.primitive)
+            warnings.warn(f"autoshard: no sharding rule for primitive '{node.primitive}'; "
+                          "its operands and results stay replicated", stacklevel=2)
+        return replicate_all(node, out_shapes)
+    return rule(node, out_shapes)
+
+
+def replicate_all(node: Node, out_shapes) -> Einsum:
+    return Einsum(tuple((None,) * len(s) for s in node.operand_shapes),
+                  tuple((None,) * len(s) for s in out_shapes), {})
+
+
+from autoshard.rules import control_flow, conv, dot, elementwise, indexing, reduce, shape  # noqa: E402,F401

@@ -1,0 +1,42 @@
+"""Elementwise primitives: every dim of every same-shaped operand splits together."""
+
+from __future__ import annotations
+
+import math
+
+from autoshard.rules import Einsum, LabelMaker, register
+
+UNARY = """abs acos acosh asin asinh atan atanh cbrt ceil clz conj copy copy_p cos cosh
+digamma erf erf_inv erfc exp exp2 expm1 floor imag integer_pow is_finite lgamma log log1p
+logistic neg not population_count real reduce_precision round rsqrt sign sin sinh sqrt square
+tan tanh convert_element_type bessel_i0e bessel_i1e stop_gradient optimization_barrier
+sharding_constraint""".split()
+BINARY = """add add_any and atan2 complex div eq ge gt igamma igammac le lt max min mul ne
+nextafter or pow rem shift_left shift_right_arithmetic shift_right_logical sub xor
+polygamma zeta random_gamma_grad""".split()
+NARY = ["select_n", "clamp", "threefry2x32"]
+
+
+def elementwise_einsum(operand_shapes, out_shapes, flops_per_element=1.0) -> Einsum:
+    """Operands of the output's shape share its labels; scalars (rank 0) have none."""
+    labels = LabelMaker()
+    out_shape = out_shapes[0]
+    out_labels = tuple(labels.new(size) for size in out_shape)
+    operands = tuple(out_labels if tuple(s) == tuple(out_shape) else (None,) * len(s)
+                     for s in operand_shapes)
+    return Einsum(operands, tuple(out_labels for _ in out_shapes), labels.sizes,
+                  flops=flops_per_element * math.prod(out_shape), fusible=True)
+
+
+@register(*UNARY, *BINARY, *NARY)
+def elementwise(node, out_shapes) -> Einsum:
+    if node.primitive == "optimization_barrier":
+        return barrier(node, out_shapes)
+    return elementwise_einsum(node.operand_shapes, out_shapes)
+
+
+def barrier(node, out_shapes) -> Einsum:
+    """optimization_barrier passes each operand through to its own result."""
+    labels = LabelMaker()
+    terms = tuple(tuple(labels.new(d) for d in shape) for shape in out_shapes)
+    return Einsum(terms, terms, labels.sizes)

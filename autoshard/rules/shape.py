@@ -1,0 +1,189 @@
+"""Shape primitives: broadcast, reshape, transpose, squeeze, slicing, padding, iota."""
+
+from __future__ import annotations
+
+import math
+
+from autoshard.rules import Einsum, LabelMaker, register
+
+
+def _move(operand_shapes, out_shapes, operand_terms, out_terms, labels) -> Einsum:
+    return Einsum(tuple(operand_terms), tuple(out_terms), labels.sizes, fusible=True)
+
+
+@register("broadcast_in_dim")
+def broadcast_in_dim(node, out_shapes) -> Einsum:
+    operand = node.operand_shapes[0]
+    (out_shape,) = out_shapes
+    labels = LabelMaker()
+    out = [labels.new(d) for d in out_shape]
+    term = tuple(out[o] if operand[i] == out_shape[o] else None
+                 for i, o in enumerate(node.params["broadcast_dimensions"]))
+    extra = [(None,) * len(s) for s in node.operand_shapes[1:]]  # dynamic shapes
+    return _move(node.operand_shapes, out_shapes, [term, *extra], [tuple(out)], labels)
+
+
+def reshape_groups(in_shape, out_shape):
+    """Pair up runs of input and output dims whose sizes multiply to the same number."""
+    groups, i, j = [], 0, 0
+    while i < len(in_shape) or j < len(out_shape):
+        gi, gj = [i] if i < len(in_shape) else [], [j] if j < len(out_shape) else []
+        pi = in_shape[i] if gi else 1
+        pj = out_shape[j] if gj else 1
+        i, j = i + len(gi), j + len(gj)
+        while pi != pj:
+            if pi < pj:
+                gi.append(i); pi *= in_shape[i]; i += 1
+            else:
+                gj.append(j); pj *= out_shape[j]; j += 1
+        groups.append((gi, gj))
+    return groups
+
+
+@register("reshape")
+def reshape(node, out_shapes) -> Einsum:
+    in_shape = node.operand_shapes[0]
+    (out_shape,) = out_shapes
+    labels = LabelMaker()
+    in_t: list = [None] * len(in_shape)
+    out_t: list = [None] * len(out_shape)
+    for gi, gj in reshape_groups(list(in_shape), list(out_shape)):
+        gi = [i for i in gi if in_shape[i] > 1]
+        gj = [j for j in gj if out_shape[j] > 1]
+        if gi and gj:  # the major dims of a merge/split split together
+            label = labels.shrink(labels.new(in_shape[gi[0]]), out_shape[gj[0]])
+            in_t[gi[0]] = out_t[gj[0]] = label
+    extra = [(None,) * len(s) for s in node.operand_shapes[1:]]
+    return _move(node.operand_shapes, out_shapes, [tuple(in_t), *extra], [tuple(out_t)], labels)
+
+
+@register("transpose")
+def transpose(node, out_shapes) -> Einsum:
+    in_shape = node.operand_shapes[0]
+    labels = LabelMaker()
+    in_t = [labels.new(d) for d in in_shape]
+    out_t = tuple(in_t[p] for p in node.params["permutation"])
+    return _move(node.operand_shapes, out_shapes, [tuple(in_t)], [out_t], labels)
+
+
+@register("squeeze")
+def squeeze(node, out_shapes) -> Einsum:
+    in_shape = node.operand_shapes[0]
+    dims = {d % len(in_shape) for d in node.params["dimensions"]}
+    labels = LabelMaker()
+    in_t = [None if i in dims else labels.new(d) for i, d in enumerate(in_shape)]
+    out_t = tuple(l for i, l in enumerate(in_t) if i not in dims)
+    return _move(node.operand_shapes, out_shapes, [tuple(in_t)], [out_t], labels)
+
+
+@register("expand_dims")
+def expand_dims(node, out_shapes) -> Einsum:
+    in_shape = node.operand_shapes[0]
+    labels = LabelMaker()
+    in_t = [labels.new(d) for d in in_shape]
+    it = iter(in_t)
+    out_t = tuple(None if d == 1 and i in node.params["dimensions"] else next(it)
+                  for i, d in enumerate(out_shapes[0]))
+    return _move(node.operand_shapes, out_shapes, [tuple(in_t)], [out_t], labels)
+
+
+def _keep_dims(node, out_shapes, whole_dims) -> Einsum:
+    """Operand 0 and the output share every dim except ``whole_dims``; other operands
+    (indices, padding values) stay whole."""
+    shape = node.operand_shapes[0]
+    labels = LabelMaker()
+    term = tuple(None if i in whole_dims else labels.new(d) for i, d in enumerate(shape))
+    rest = [(None,) * len(s) for s in node.operand_shapes[1:]]
+    return Einsum((term, *rest), tuple(term for _ in out_shapes), labels.sizes,
+                  fusible=node.primitive in ("pad", "slice", "rev"))
+
+
+@register("concatenate")
+def concatenate(node, out_shapes) -> Einsum:
+    dim = node.params["dimension"]
+    labels = LabelMaker()
+    term = tuple(None if i == dim else labels.new(d) for i, d in enumerate(out_shapes[0]))
+    return Einsum(tuple(term for _ in node.operand_shapes), (term,), labels.sizes)
+
+
+@register("split")
+def split(node, out_shapes) -> Einsum:
+    return _keep_dims(node, out_shapes, {node.params["axis"]})
+
+
+@register("pad")
+def pad(node, out_shapes) -> Einsum:
+    padded = {i for i, (lo, hi, interior) in enumerate(node.params["padding_config"])
+              if lo or hi or interior}
+    return _keep_dims(node, out_shapes, padded)
+
+
+@register("slice")
+def slice_(node, out_shapes) -> Einsum:
+    cut = {i for i, (a, b) in enumerate(zip(node.operand_shapes[0], out_shapes[0])) if a != b}
+    strides = node.params.get("strides") or ()
+    cut |= {i for i, s in enumerate(strides) if s not in (None, 1)}
+    return _keep_dims(node, out_shapes, cut)
+
+
+@register("rev")
+def rev(node, out_shapes) -> Einsum:
+    return _keep_dims(node, out_shapes, set(node.params["dimensions"]))
+
+
+@register("dynamic_slice")
+def dynamic_slice(node, out_shapes) -> Einsum:
+    cut = {i for i, (a, b) in enumerate(zip(node.operand_shapes[0], out_shapes[0])) if a != b}
+    return _keep_dims(node, out_shapes, cut)
+
+
+@register("dynamic_update_slice")
+def dynamic_update_slice(node, out_shapes) -> Einsum:
+    operand, update = node.operand_shapes[:2]
+    labels = LabelMaker()
+    term = tuple(labels.new(a) if a == b else None for a, b in zip(operand, update))
+    rest = [(None,) * len(s) for s in node.operand_shapes[2:]]
+    return Einsum((term, term, *rest), (term,), labels.sizes)
+
+
+@register("iota")
+def iota(node, out_shapes) -> Einsum:
+    labels = LabelMaker()
+    term = tuple(labels.new(d) for d in out_shapes[0])
+    return Einsum((), (term,), labels.sizes, fusible=True)
+
+
+@register("sort")
+def sort(node, out_shapes) -> Einsum:
+    shape = node.operand_shapes[0]
+    dim = node.params["dimension"]
+    labels = LabelMaker()
+    term = tuple(None if i == dim else labels.new(d) for i, d in enumerate(shape))
+    flops = math.prod(shape) * max(1.0, math.log2(max(shape[dim], 2)))
+    return Einsum(tuple(term for _ in node.operand_shapes), tuple(term for _ in out_shapes),
+                  labels.sizes, flops=flops)
+
+
+@register("top_k")
+def top_k(node, out_shapes) -> Einsum:
+    shape = node.operand_shapes[0]
+    labels = LabelMaker()
+    term = tuple(None if i == len(shape) - 1 else labels.new(d) for i, d in enumerate(shape))
+    return Einsum((term,), tuple(term for _ in out_shapes), labels.sizes,
+                  flops=float(math.prod(shape)))
+
+
+@register("random_bits", "random_uniform")
+def random_bits(node, out_shapes) -> Einsum:
+    """Counter-based (partitionable threefry) bits can be made directly in shards."""
+    labels = LabelMaker()
+    out = tuple(labels.new(d) for d in out_shapes[0])
+    return Einsum(tuple((None,) * len(s) for s in node.operand_shapes), (out,), labels.sizes)
+
+
+@register("rng_bit_generator", "random_seed", "random_wrap", "random_unwrap", "random_split",
+          "random_fold_in")
+def key_ops(node, out_shapes) -> Einsum:
+    """PRNG keys are tiny: keep them whole."""
+    return Einsum(tuple((None,) * len(s) for s in node.operand_shapes),
+                  tuple((None,) * len(s) for s in out_shapes), {})

@@ -1,0 +1,255 @@
+"""solve: pick one strategy per group, minimizing time under a per-device memory budget.
+
+The solver sees only numbers (no jax): a ``Request`` of cost vectors, edge resharding
+matrices and memory terms; it returns a ``Result``. ``evaluate`` recomputes the cost and
+the peak memory of any choice independently, so tests can check the solver's arithmetic.
+
+The ILP (scipy.optimize.milp, HiGHS): a binary x[g, s] per group strategy, one-hot per
+group; per edge a continuous e[r, c] over the edge's distinct rows and columns whose
+marginals equal the x's (so e is the product of the two one-hots); memory rows added
+lazily, only those the current solution violates, until none does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Sequence
+
+import numpy as np
+from scipy import optimize, sparse
+
+SECONDS_SCALE = 1e6     # the ILP works in microseconds
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    node_costs: Sequence[np.ndarray]                      # per group, seconds per strategy
+    edges: Sequence[tuple[int, int, np.ndarray]]          # (group u, group v, cost[su, sv])
+    memory_terms: Sequence[tuple[int, np.ndarray]] = ()   # (group, bytes per strategy)
+    fixed_terms: Sequence[int] = ()                       # terms counted in every row
+    memory_rows: Sequence[Sequence[int]] = ()             # terms live together
+    memory_budget: float | None = None                    # bytes per device
+    allowed: Sequence[np.ndarray | None] = ()             # per group: allowed strategies
+    time_limit_s: float = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    choice: np.ndarray            # strategy index per group
+    objective: float              # seconds
+    memory_bytes: float           # peak per device
+    status: str                   # optimal | time_limit | greedy | trivial
+    solve_seconds: float = 0.0
+
+
+class InfeasibleBudget(Exception):
+    def __init__(self, smallest_bytes: float):
+        super().__init__(f"no choice fits the memory budget; smallest reached {smallest_bytes:.4g} B")
+        self.smallest_bytes = smallest_bytes
+
+
+def evaluate(request: Request, choice: Sequence[int]) -> tuple[float, float]:
+    """(seconds, peak bytes per device) of ``choice``, recomputed from the request."""
+    seconds = sum(float(c[choice[g]]) for g, c in enumerate(request.node_costs))
+    seconds += sum(float(m[choice[u], choice[v]]) for u, v, m in request.edges)
+    return seconds, peak_memory(request, choice)
+
+
+def term_values(request: Request, choice) -> np.ndarray:
+    return np.array([float(b[choice[g]]) for g, b in request.memory_terms])
+
+
+def row_bytes(request: Request, choice) -> np.ndarray:
+    values = term_values(request, choice)
+    fixed = values[list(request.fixed_terms)].sum() if request.fixed_terms else 0.0
+    rows = [values[list(r)].sum() if r else 0.0 for r in request.memory_rows] or [0.0]
+    return fixed + np.asarray(rows)
+
+
+def peak_memory(request: Request, choice) -> float:
+    if not request.memory_terms:
+        return 0.0
+    return float(row_bytes(request, choice).max())
+
+
+def allowed_mask(request: Request, g: int) -> np.ndarray:
+    n = len(request.node_costs[g])
+    if g < len(request.allowed) and request.allowed[g] is not None:
+        mask = np.zeros(n, bool)
+        mask[np.asarray(request.allowed[g])] = True
+        return mask
+    return np.ones(n, bool)
+
+
+def greedy(request: Request) -> np.ndarray:
+    """Cheapest strategy per group, then coordinate descent over neighbours."""
+    choice = np.array([int(np.argmin(np.where(allowed_mask(request, g), c, np.inf)))
+                       for g, c in enumerate(request.node_costs)])
+    by_group: dict[int, list] = {}
+    for u, v, m in request.edges:
+        by_group.setdefault(u, []).append((v, m, False))
+        by_group.setdefault(v, []).append((u, m, True))
+    for _ in range(4):
+        changed = False
+        for g, cost in enumerate(request.node_costs):
+            total = np.where(allowed_mask(request, g), cost, np.inf).astype(float)
+            for other, m, transposed in by_group.get(g, ()):
+                total = total + (m[choice[other], :] if transposed else m[:, choice[other]])
+            best = int(np.argmin(total))
+            if total[best] < total[choice[g]] - 1e-15:
+                choice[g], changed = best, True
+        if not changed:
+            break
+    return choice
+
+
+def smallest_memory_choice(request: Request) -> np.ndarray:
+    bytes_per_group = [np.zeros(len(c)) for c in request.node_costs]
+    for g, b in request.memory_terms:
+        bytes_per_group[g] = bytes_per_group[g] + b
+    return np.array([int(np.argmin(np.where(allowed_mask(request, g), b, np.inf)))
+                     for g, b in enumerate(bytes_per_group)])
+
+
+class _Ilp:
+    """Variables and constraints of the ILP, built once; memory rows appended lazily."""
+
+    def __init__(self, request: Request):
+        self.request = request
+        self.offsets = np.cumsum([0] + [len(c) for c in request.node_costs])
+        self.num_x = int(self.offsets[-1])
+        cost = [np.asarray(c, float) * SECONDS_SCALE for c in request.node_costs]
+        rows, cols, vals, lower, upper = [], [], [], [], []
+        row = 0
+        for g in range(len(request.node_costs)):       # one-hot per group
+            for s in range(len(cost[g])):
+                rows.append(row); cols.append(self.offsets[g] + s); vals.append(1.0)
+            lower.append(1.0); upper.append(1.0); row += 1
+        edge_costs = []
+        next_var = self.num_x
+        for u, v, m in request.edges:
+            row_keys, row_of = np.unique(m, axis=0, return_inverse=True)
+            col_keys, col_of = np.unique(row_keys, axis=1, return_inverse=True)
+            row_of, col_of = row_of.ravel(), col_of.ravel()
+            r_n, c_n = col_keys.shape
+            base = next_var
+            edge_costs.append(col_keys.ravel() * SECONDS_SCALE)
+            next_var += r_n * c_n
+            for r in range(r_n):        # sum_c e[r, c] = sum of x[u, s] with row(s) = r
+                for c in range(c_n):
+                    rows.append(row); cols.append(base + r * c_n + c); vals.append(1.0)
+                for s in np.flatnonzero(row_of == r):
+                    rows.append(row); cols.append(self.offsets[u] + s); vals.append(-1.0)
+                lower.append(0.0); upper.append(0.0); row += 1
+            col_of_t = col_of  # row_keys keeps one column per strategy of v
+            for c in range(c_n):
+                for r in range(r_n):
+                    rows.append(row); cols.append(base + r * c_n + c); vals.append(1.0)
+                for t in np.flatnonzero(col_of_t == c):
+                    rows.append(row); cols.append(self.offsets[v] + t); vals.append(-1.0)
+                lower.append(0.0); upper.append(0.0); row += 1
+        self.num_vars = next_var
+        self.cost = np.concatenate(cost + edge_costs) if edge_costs else np.concatenate(cost)
+        self.rows, self.cols, self.vals = rows, cols, vals
+        self.lower, self.upper, self.num_rows = lower, upper, row
+        self.integrality = np.zeros(self.num_vars)
+        self.integrality[: self.num_x] = 1
+        self.var_upper = np.ones(self.num_vars)
+        for g in range(len(request.node_costs)):
+            mask = allowed_mask(request, g)
+            self.var_upper[self.offsets[g]: self.offsets[g + 1]] = mask.astype(float)
+
+    def add_memory_row(self, terms: Sequence[int]):
+        coeff: dict[int, float] = {}
+        for t in list(self.request.fixed_terms) + list(terms):
+            g, b = self.request.memory_terms[t]
+            for s, num_bytes in enumerate(b):
+                key = self.offsets[g] + s
+                coeff[key] = coeff.get(key, 0.0) + float(num_bytes) / self.request.memory_budget
+        for key, value in coeff.items():
+            self.rows.append(self.num_rows); self.cols.append(key); self.vals.append(value)
+        self.lower.append(-np.inf)
+        self.upper.append(1.0)  # rows are normalized by the budget
+        self.num_rows += 1
+
+    def solve(self, time_limit_s: float):
+        a = sparse.csr_array((self.vals, (self.rows, self.cols)),
+                             shape=(self.num_rows, self.num_vars))
+        constraints = optimize.LinearConstraint(a, self.lower, self.upper)
+        res = optimize.milp(self.cost, constraints=constraints, integrality=self.integrality,
+                            bounds=optimize.Bounds(0, self.var_upper),
+                            options={"time_limit": max(time_limit_s, 1.0), "mip_rel_gap": 1e-6,
+                                     "presolve": True})
+        if res.x is None:
+            return None, res.status
+        x = res.x[: self.num_x]
+        choice = np.array([int(np.argmax(x[self.offsets[g]: self.offsets[g + 1]]))
+                           for g in range(len(self.offsets) - 1)])
+        return choice, res.status
+
+
+def solve(self, time_limit_s: float):
+        a = sparse.csr_array((self.vals, (self.rows, self.cols)),
+                             shape=(self.num_rows, self.num_vars))
+        constraints = optimize.LinearConstraint(a, self.lower, self.upper)
+        res = optimize.milp(self.cost, constraints=constraints, integrality=self.integrality,
+                            bounds=optimize.Bounds(0, self.var_upper),
+                            options={"time_limit": max(time_limit_s, 1.0), "mip_rel_gap": 1e-6,
+                                     "presolve": True})
+        if res.x is None:
+            return None, res.status
+        x = res.x[: self.num_x]
+        choice = np.array([int(np.argmax(x[self.offsets[g]: self.offsets[g + 1]]))
+                           for g in range(len(self.offsets) - 1)])
+        return choice, res.status
+
+
+def _col_index(row_keys, column, row_of):
+    """Index of ``column`` (a column of the full matrix) among row_keys' unique columns."""
+    reduced = np.array([column[np.flatnonzero(row_of == r)[0]] for r in range(len(row_keys))])
+    for c in range(row_keys.shape[1]):
+        if np.array_equal(row_keys[:, c], reduced):
+            return c
+    raise AssertionError("column not found")
+
+
+def solve(request: Request) -> Result:
+    """Cheapest choice within the memory budget (ILP), best found on time limit."""
+    start = time.perf_counter()
+    if all(len(c) == 1 for c in request.node_costs):
+        choice = np.zeros(len(request.node_costs), int)
+        seconds, peak = evaluate(request, choice)
+        if request.memory_budget is not None and peak > request.memory_budget:
+            raise InfeasibleBudget(peak)
+        return Result(choice, seconds, peak, "trivial", time.perf_counter() - start)
+    ilp = _Ilp(request)
+    added: set[int] = set()
+    status_name = "optimal"
+    choice = None
+    for _ in range(30):
+        remaining = request.time_limit_s - (time.perf_counter() - start)
+        choice, status = ilp.solve(remaining)
+        if choice is None:
+            if status == 2:  # infeasible
+                smallest = peak_memory(request, smallest_memory_choice(request))
+                raise InfeasibleBudget(smallest)
+            choice, status_name = greedy(request), "greedy"
+            break
+        status_name = "optimal" if status == 0 else "time_limit"
+        if request.memory_budget is None:
+            break
+        over = np.flatnonzero(row_bytes(request, choice) > request.memory_budget * (1 + 1e-9))
+        over = [r for r in over if r not in added]
+        if not over:
+            break
+        values = row_bytes(request, choice)
+        for r in sorted(over, key=lambda r: -values[r])[:8]:
+            added.add(r)
+            terms = request.memory_rows[r] if request.memory_rows else ()
+            ilp.add_memory_row(terms)
+    seconds, peak = evaluate(request, choice)
+    if request.memory_budget is not None and peak > request.memory_budget * (1 + 1e-9):
+        smallest = peak_memory(request, smallest_memory_choice(request))
+        raise InfeasibleBudget(min(smallest, peak))
+    return Result(choice, seconds, peak, status_name, time.perf_counter() - start)

@@ -1,0 +1,202 @@
+"""strategies: Graph -> StrategySpace.
+
+Every node gets its candidate strategies: which mesh axes split which einsum factor,
+what spec each operand must arrive in, what spec each result leaves in, and what that
+costs on one device (roofline compute and the collectives a split contraction needs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from typing import Mapping
+
+from autoshard import hardware as hwlib
+from autoshard import specs
+from autoshard.graph import Graph, Node
+from autoshard.hardware import Hardware
+from autoshard.rules import Einsum, rule_for
+from autoshard.specs import Spec
+
+REPLICATED_BELOW_ELEMENTS = 1024   # arrays this small are kept whole
+MAX_STRATEGIES = 96
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    kind: str
+    axes: tuple[str, ...]
+    num_bytes: float
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Strategy:
+    name: str
+    in_specs: tuple[Spec | None, ...]
+    out_specs: tuple[Spec, ...]
+    compute_s: float
+    comm_s: float
+    collectives: tuple[Collective, ...] = ()
+
+    @property
+    def seconds(self) -> float:
+        return self.compute_s + self.comm_s
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class StrategySpace:
+    graph: Graph
+    strategies: tuple[tuple[Strategy, ...], ...]   # per node
+    einsums: tuple[Einsum | None, ...]              # per node
+    materialized: tuple[bool, ...]                  # per value: XLA keeps it in memory
+    axis_sizes: Mapping[str, int]
+    hardware: Hardware
+
+    def num_strategies(self) -> int:
+        return sum(len(s) for s in self.strategies)
+
+
+def group_of(axes: tuple[str, ...], axis_sizes) -> int:
+    return math.prod(axis_sizes[a] for a in axes)
+
+
+def assignments(einsum: Einsum, axis_sizes) -> list[dict[str, tuple[str, ...]]]:
+    """Every way to give each mesh axis to one label (or none) that divides evenly."""
+    names = [a for a, n in axis_sizes.items() if n > 1]
+    labels = einsum.labels
+    out = []
+    for choice in itertools.product([None, *labels], repeat=len(names)):
+        split: dict[str, tuple[str, ...]] = {}
+        for axis, label in zip(names, choice):
+            if label is not None:
+                split[label] = split.get(label, ()) + (axis,)
+        if all(einsum.sizes[l] % group_of(ax, axis_sizes) == 0 for l, ax in split.items()):
+            out.append(split)
+    return out
+
+
+def term_spec(term, split) -> Spec:
+    return tuple(split.get(label, ()) if label is not None else () for label in term)
+
+
+def strategy_name(split) -> str:
+    return ",".join(f"{l}={'+'.join(ax)}" for l, ax in sorted(split.items())) or "replicated"
+
+
+def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, space_ctx) -> list[Strategy]:
+    axis_sizes, hw, materialized = space_ctx
+    result = []
+    for split in assignments(einsum, axis_sizes):
+        in_specs = tuple(term_spec(t, split) if v is not None else None
+                         for t, v in zip(einsum.operands, node.operands))
+        out_specs = [term_spec(t, split) for t in einsum.outputs]
+        iteration_shards = math.prod(group_of(ax, axis_sizes) for ax in split.values())
+        flops = einsum.flops / iteration_shards
+        in_bytes = sum(specs.per_device_bytes(s, d, sp or specs.replicated(len(s)), axis_sizes)
+                       for s, d, sp in zip(node.operand_shapes, node.operand_dtypes,
+                                           in_specs if in_specs else ()))
+        out_bytes = [specs.per_device_bytes(s, d, sp, axis_sizes)
+                     for s, d, sp in zip(out_shapes, out_dtypes, out_specs)]
+        if einsum.fusible:
+            touched = sum(b for b, m in zip(out_bytes, materialized) if m)
+        else:
+            touched = in_bytes + sum(out_bytes)
+        compute_s = hw.compute_seconds(flops, touched) * node.weight
+        partial_axes = tuple(a for a in axis_sizes
+                             for l in einsum.reduce if a in split.get(l, ()))
+        name = strategy_name(split)
+        if not partial_axes:
+            result.append(Strategy(name, in_specs, tuple(out_specs), compute_s, 0.0))
+            continue
+        result += reduction_variants(node, name, in_specs, out_specs, out_shapes, out_bytes,
+                                     partial_axes, compute_s, einsum.reduce_op, axis_sizes, hw)
+    return result
+
+
+def reduction_variants(node, name, in_specs, out_specs, out_shapes, out_bytes, partial_axes,
+                       compute_s, reduce_op, axis_sizes, hw) -> list[Strategy]:
+    """A split contraction: all-reduce the partial result, or reduce-scatter it onto a dim."""
+    n = group_of(partial_axes, axis_sizes)
+    bw = hw.group_bandwidth(partial_axes)
+    num_bytes = out_bytes[0]
+    ar = hwlib.all_reduce_seconds(num_bytes, n, bw, hw.link_latency) * node.weight
+    variants = [Strategy(name + f" all-reduce({'+'.join(partial_axes)})", in_specs,
+                         tuple(out_specs), compute_s, ar,
+                         (Collective("all-reduce", partial_axes, num_bytes, ar),))]
+    if reduce_op != "sum" or len(out_specs) != 1:
+        return variants
+    rs = hwlib.reduce_scatter_seconds(num_bytes, n, bw, hw.link_latency) * node.weight
+    out = out_specs[0]
+    for d, size in enumerate(out_shapes[0]):
+        scattered = out[d] + partial_axes
+        if size % group_of(scattered, axis_sizes) == 0:
+            spec = out[:d] + (scattered,) + out[d + 1:]
+            variants.append(Strategy(name + f" reduce-scatter({'+'.join(partial_axes)})->{d}",
+                                     in_specs, (spec,), compute_s, rs,
+                                     (Collective("reduce-scatter", partial_axes, num_bytes, rs),)))
+    return variants
+
+
+def value_strategies(shape, axis_sizes, pinned: Spec | None = None) -> list[Strategy]:
+    """An argument's (or constant's) candidate specs; nothing to compute."""
+    if pinned is not None:
+        candidates = [pinned]
+    elif math.prod(shape) < REPLICATED_BELOW_ELEMENTS:
+        candidates = [specs.replicated(len(shape))]
+    else:
+        candidates = list(specs.enumerate_specs(shape, axis_sizes))
+    return [Strategy(specs.spec_str(c), (), (c,), 0.0, 0.0) for c in candidates]
+
+
+def prune(strategies: list[Strategy]) -> list[Strategy]:
+    """Keep the cheapest strategy per distinct (operand specs, result specs)."""
+    best: dict = {}
+    for s in strategies:
+        key = (s.in_specs, s.out_specs)
+        if key not in best or s.seconds < best[key].seconds:
+            best[key] = s
+    kept = sorted(best.values(), key=lambda s: s.seconds)
+    return kept[:MAX_STRATEGIES] if len(kept) > MAX_STRATEGIES else kept
+
+
+def materialized_values(graph: Graph, einsums) -> list[bool]:
+    """Which values XLA keeps in memory: not those fused between elementwise ops."""
+    outputs = set(v for v in graph.outputs if v is not None)
+    flags = []
+    for value in graph.values:
+        producer = einsums[value.producer]
+        if producer is None or not producer.fusible or value.id in outputs:
+            flags.append(True)
+            continue
+        flags.append(any(einsums[u] is None or not einsums[u].fusible
+                         for u, _ in graph.users[value.id]))
+    return flags
+
+
+def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
+                     pins: Mapping[int, Spec] | None = None) -> StrategySpace:
+    """Enumerate every node's strategies. ``pins`` maps arg node ids to a fixed spec."""
+    pins = pins or {}
+    einsums = []
+    for node in graph.nodes:
+        if node.kind in ("arg", "const"):
+            einsums.append(None)
+        else:
+            einsums.append(rule_for(node, [graph.values[v].shape for v in node.outputs]))
+    materialized = materialized_values(graph, einsums)
+    all_strategies = []
+    for node, einsum in zip(graph.nodes, einsums):
+        out_values = [graph.values[v] for v in node.outputs]
+        if node.kind == "arg":
+            found = value_strategies(out_values[0].shape, axis_sizes, pins.get(node.id))
+        elif node.kind == "const":
+            found = value_strategies(out_values[0].shape, {})
+        else:
+            ctx = (axis_sizes, hw, [materialized[v.id] for v in out_values])
+            found = prune(einsum_strategies(node, einsum, [v.shape for v in out_values],
+                                            [v.dtype for v in out_values], ctx))
+        all_strategies.append(tuple(found))
+    return StrategySpace(graph, tuple(all_strategies), tuple(einsums), tuple(materialized),
+                         dict(axis_sizes), hw)

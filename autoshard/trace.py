@@ -1,0 +1,252 @@
+"""trace: a function and its (abstract) arguments -> Graph.
+
+Nested ``jit``, ``custom_jvp_call``, ``custom_vjp_call`` and ``checkpoint`` bodies are
+inlined; ``scan``, ``while`` and ``cond`` stay units whose bodies are planned too: their
+body equations become nodes (weighted by the trip count) joined to the outside through
+``boundary`` nodes that hold the loop-carried, sliced and stacked values.
+"""
+
+from __future__ import annotations
+
+import inspect as pyinspect
+import numbers
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+from jax.extend.core import Literal
+
+from autoshard.errors import InputError
+from autoshard.graph import Graph, Node, Value
+
+# Primitives whose body is inlined: name -> param holding the (closed) jaxpr.
+INLINED = {
+    "jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
+    "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr",
+    "checkpoint": "jaxpr", "remat2": "jaxpr", "remat": "jaxpr",
+}
+
+
+def split_closed(jaxpr) -> tuple[Any, Sequence]:
+    """(open jaxpr, consts) of a Jaxpr or ClosedJaxpr."""
+    if hasattr(jaxpr, "consts"):
+        return jaxpr.jaxpr, jaxpr.consts
+    return jaxpr, ()
+
+
+def argument_names(fn: Callable, num_args: int) -> list[str]:
+    try:
+        params = list(pyinspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    names = []
+    for i in range(num_args):
+        p = params[i] if i < len(params) else None
+        if p is None or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            names.append(f"args[{i}]")
+        else:
+            names.append(p.name)
+    return names
+
+
+def abstractify(path: str, leaf) -> jax.ShapeDtypeStruct:
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype)
+    if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
+        return jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype)
+    if isinstance(leaf, (numbers.Number, np.bool_)):
+        arr = np.asarray(leaf)
+        return jax.ShapeDtypeStruct(arr.shape, jax.dtypes.canonicalize_dtype(arr.dtype))
+    raise InputError(f"argument {path} is a {type(leaf).__name__}, not an array: pass arrays, "
+                     "jax.ShapeDtypeStruct or numbers as leaves (close over other values)")
+
+
+def flatten_args(fn: Callable, args: Sequence) -> tuple[list, list[str], Any]:
+    """Flat abstract leaves, their paths as a user writes them, and the tree."""
+    names = argument_names(fn, len(args))
+    leaves_with_paths, in_tree = jax.tree_util.tree_flatten_with_path(tuple(args))
+    paths, leaves = [], []
+    for key_path, leaf in leaves_with_paths:
+        head, rest = key_path[0], key_path[1:]
+        path = names[head.idx] + jax.tree_util.keystr(tuple(rest))
+        paths.append(path)
+        leaves.append(abstractify(path, leaf))
+    return leaves, paths, in_tree
+
+
+class GraphBuilder:
+    """Mutable scratchpad that walks a jaxpr and freezes into a Graph."""
+
+    def __init__(self):
+        self.nodes: list[dict] = []
+        self.values: list[Value] = []
+
+    def new_node(self, kind, primitive, key, operands, operand_avals, out_avals, params=None,
+                 weight=1.0, operand_weights=None, label="") -> list[int]:
+        node_id = len(self.nodes)
+        outs = []
+        for index, aval in enumerate(out_avals):
+            value = Value(len(self.values), tuple(aval.shape), aval.dtype, node_id, index)
+            self.values.append(value)
+            outs.append(value.id)
+        self.nodes.append(dict(
+            id=node_id, kind=kind, primitive=primitive, key=key, operands=list(operands),
+            operand_shapes=tuple(tuple(a.shape) for a in operand_avals),
+            operand_dtypes=tuple(a.dtype for a in operand_avals), outputs=tuple(outs),
+            params=dict(params or {}), weight=float(weight),
+            operand_weights=list(operand_weights or [weight] * len(operands)), label=label))
+        return outs
+
+    def aval_of(self, value_id):
+        return self.values[value_id]
+
+    # -- walking ---------------------------------------------------------------------------
+    def walk(self, jaxpr, consts, in_values, key, weight) -> list[int | None]:
+        env: dict = {}
+        for i, (var, const) in enumerate(zip(jaxpr.constvars, consts)):
+            aval = jax.core.get_aval(const)
+            env[var] = self.new_node("const", "const", key + ("const", i), [], [], [aval],
+                                     weight=weight)[0]
+        for var, value in zip(jaxpr.invars, in_values):
+            env[var] = value
+
+        def read(atom):
+            return None if isinstance(atom, Literal) else env[atom]
+
+        for i, eqn in enumerate(jaxpr.eqns):
+            ins = [read(v) for v in eqn.invars]
+            outs = self.eqn(eqn, ins, key + (i,), weight)
+            for var, value in zip(eqn.outvars, outs):
+                env[var] = value
+        return [read(v) for v in jaxpr.outvars]
+
+    def eqn(self, eqn, ins, key, weight) -> list[int]:
+        name = eqn.primitive.name
+        if name in INLINED:
+            inner, consts = split_closed(eqn.params[INLINED[name]])
+            if name == "custom_vjp_call" or name == "custom_jvp_call":
+                pass  # call_jaxpr takes exactly the eqn's operands
+            return self.walk(inner, consts, ins, key + (name,), weight)
+        if name == "scan":
+            return self.scan(eqn, ins, key, weight)
+        if name == "while":
+            return self.while_loop(eqn, ins, key, weight)
+        if name == "cond":
+            return self.cond(eqn, ins, key, weight)
+        return self.new_node("eqn", name, key, ins, [v.aval for v in eqn.invars],
+                             [v.aval for v in eqn.outvars], eqn.params, weight)
+
+    def boundary(self, primitive, key, operands, operand_avals, out_avals, weight,
+                 operand_weights=None):
+        return self.new_node("boundary", primitive, key, operands, operand_avals, out_avals,
+                             weight=weight, operand_weights=operand_weights)
+
+    def scan(self, eqn, ins, key, weight):
+        p = eqn.params
+        body, body_consts = split_closed(p["jaxpr"])
+        nc, ncarry, length = p["num_consts"], p["num_carry"], p["length"]
+        inner_weight = weight * length
+        avals = [v.aval for v in eqn.invars]
+        body_in = []
+        for k in range(nc):
+            body_in += self.boundary("loop_const", key + ("const", k), [ins[k]], [avals[k]],
+                                     [body.invars[k].aval], weight)
+        carry_nodes = []
+        for k in range(ncarry):
+            j = nc + k
+            outs = self.boundary("loop_carry", key + ("carry", k), [ins[j], None],
+                                 [avals[j], avals[j]], [body.invars[j].aval, eqn.outvars[k].aval],
+                                 weight, [weight, inner_weight])
+            carry_nodes.append(len(self.nodes) - 1)
+            body_in.append(outs[0])
+        for k in range(len(ins) - nc - ncarry):
+            j = nc + ncarry + k
+            body_in += self.boundary("loop_xs", key + ("xs", k), [ins[j]], [avals[j]],
+                                     [body.invars[j].aval], weight)
+        body_out = self.walk(body, body_consts, body_in, key + ("body",), inner_weight)
+        outs = []
+        for k, node_id in enumerate(carry_nodes):
+            self.nodes[node_id]["operands"][1] = body_out[k]
+            outs.append(self.nodes[node_id]["outputs"][1])
+        for k, value in enumerate(body_out[ncarry:]):
+            outs += self.boundary("loop_ys", key + ("ys", k), [value],
+                                  [body.outvars[ncarry + k].aval],
+                                  [eqn.outvars[ncarry + k].aval], weight, [inner_weight])
+        return outs
+
+    def while_loop(self, eqn, ins, key, weight):
+        p = eqn.params
+        body, body_consts = split_closed(p["body_jaxpr"])
+        cn, bn = p["cond_nconsts"], p["body_nconsts"]
+        avals = [v.aval for v in eqn.invars]
+        body_in, carry_nodes = [], []
+        for k in range(bn):
+            body_in += self.boundary("loop_const", key + ("const", k), [ins[cn + k]],
+                                     [avals[cn + k]], [body.invars[k].aval], weight)
+        for k in range(len(ins) - cn - bn):
+            j = cn + bn + k
+            outs = self.boundary("loop_carry", key + ("carry", k), [ins[j], None],
+                                 [avals[j], avals[j]], [body.invars[bn + k].aval,
+                                                        eqn.outvars[k].aval],
+                                 weight, [weight, weight])
+            carry_nodes.append(len(self.nodes) - 1)
+            body_in.append(outs[0])
+        body_out = self.walk(body, body_consts, body_in, key + ("body",), weight)
+        outs = []
+        for k, node_id in enumerate(carry_nodes):
+            self.nodes[node_id]["operands"][1] = body_out[k]
+            outs.append(self.nodes[node_id]["outputs"][1])
+        return outs
+
+    def cond(self, eqn, ins, key, weight):
+        branches = eqn.params["branches"]
+        avals = [v.aval for v in eqn.invars]
+        branch_in = []
+        for k in range(1, len(ins)):
+            branch_in += self.boundary("branch_in", key + ("in", k - 1), [ins[k]], [avals[k]],
+                                       [avals[k]], weight)
+        branch_outs = []
+        for b, branch in enumerate(branches):
+            inner, consts = split_closed(branch)
+            branch_outs.append(self.walk(inner, consts, branch_in, key + (f"branch{b}",), weight))
+        outs = []
+        for k, var in enumerate(eqn.outvars):
+            operands = [bo[k] for bo in branch_outs]
+            outs += self.boundary("branch_out", key + ("out", k), operands,
+                                  [var.aval] * len(operands), [var.aval], weight)
+        return outs
+
+    def freeze(self, **fields) -> Graph:
+        nodes = tuple(Node(**{**n, "operands": tuple(n["operands"]),
+                              "operand_weights": tuple(n["operand_weights"])})
+                      for n in self.nodes)
+        users: list[list] = [[] for _ in self.values]
+        for node in nodes:
+            for i, value in enumerate(node.operands):
+                if value is not None:
+                    users[value].append((node.id, i))
+        return Graph(nodes=nodes, values=tuple(self.values),
+                     users=tuple(tuple(u) for u in users), **fields)
+
+
+def trace(fn: Callable, *args) -> Graph:
+    """Trace ``fn`` at ``args`` (arrays or jax.ShapeDtypeStruct pytrees) into a Graph.
+
+    Nothing of the arguments' size is allocated: tracing sees only shapes and dtypes.
+    """
+    leaves, paths, in_tree = flatten_args(fn, args)
+
+    def flat_fn(*flat):
+        return fn(*jax.tree_util.tree_unflatten(in_tree, flat))
+
+    closed, out_shapes = jax.make_jaxpr(flat_fn, return_shape=True)(*leaves)
+    out_avals, out_tree = jax.tree_util.tree_flatten(out_shapes)
+    builder = GraphBuilder()
+    arg_values, arg_nodes = [], []
+    for i, (leaf, path) in enumerate(zip(leaves, paths)):
+        arg_nodes.append(len(builder.nodes))
+        arg_values += builder.new_node("arg", "arg", ("arg", i), [], [], [leaf], label=path)
+    outputs = builder.walk(closed.jaxpr, closed.consts, arg_values, (), 1.0)
+    return builder.freeze(arg_nodes=tuple(arg_nodes), arg_paths=tuple(paths),
+                          outputs=tuple(outputs), closed_jaxpr=closed, in_tree=in_tree,
+                          out_tree=out_tree, out_avals=tuple(out_avals))
