@@ -33,17 +33,19 @@ def resolve_pins(pins: Mapping[str, Any] | None, graph, sizes) -> dict[int, spec
             pspec = PartitionSpec(*pspec) if isinstance(pspec, (tuple, list)) else pspec
         if not isinstance(pspec, PartitionSpec):
             raise PinError(f"pin {path!r}: expected a PartitionSpec, got {type(pspec).__name__}")
-        matches = [i for i, p in enumerate(graph.arg_paths)
+        leaves = list(zip(graph.arg_paths, graph.arg_nodes)) + [
+            (p, n) for p, n in zip(graph.out_paths, graph.output_nodes) if n is not None]
+        matches = [(p, n) for p, n in leaves
                    if p == path or p.startswith(path) and p[len(path)] in "[."]
         if not matches:
             import difflib
-            close = difflib.get_close_matches(path, graph.arg_paths, n=3)
+            close = difflib.get_close_matches(path, [p for p, _ in leaves], n=3)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise PinError(f"pin names path {path!r}, which is not an argument leaf{hint}")
-        for i in matches:
-            node = graph.nodes[graph.arg_nodes[i]]
-            shape = graph.values[node.outputs[0]].shape
-            resolved[node.id] = pin_spec(graph.arg_paths[i], pspec, shape, sizes)
+            raise PinError(f"pin names path {path!r}, which is no argument or output "
+                           f"(outputs are 'out', 'out[0]', ...){hint}")
+        for leaf_path, node_id in matches:
+            shape = graph.values[graph.nodes[node_id].outputs[0]].shape
+            resolved[node_id] = pin_spec(leaf_path, pspec, shape, sizes)
     return resolved
 
 
@@ -83,7 +85,7 @@ def decisions_from(cg: CostGraph, choice) -> dict[tuple, Decision]:
     graph = cg.space.graph
     decisions = {}
     for node in graph.nodes:
-        if node.kind in ("arg", "const"):
+        if node.kind in ("arg", "const", "output"):
             continue
         strategy = cg.node_strategy(node.id, choice)
         in_specs = []
@@ -185,7 +187,9 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
       hardware: per-device speeds (default: an H100 node).
       memory_budget: bytes per device (default ``hardware.memory``), counted as XLA does:
         arguments + outputs + temporaries - donated.
-      pins: ``{"params['wq']": PartitionSpec(None, "model")}``: specs the plan must keep.
+      pins: ``{"params['wq']": PartitionSpec(None, "model")}``: specs the plan must keep,
+        for arguments (by path, or a path prefix for a whole subtree) and for outputs
+        (``"out"``, ``"out[0]"``, ...).
       donate_argnums: arguments whose buffers the outputs may reuse.
 
     Example::
@@ -219,12 +223,11 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
                                      graph.values[graph.nodes[n].outputs[0]].dtype)
                 for n in graph.arg_nodes]
     out_specs = []
-    for value_id, aval in zip(graph.outputs, graph.out_avals):
-        if value_id is None:
+    for node_id, aval in zip(graph.output_nodes, graph.out_avals):
+        if node_id is None:
             out_specs.append(specs.replicated(len(aval.shape)))
         else:
-            value = graph.values[value_id]
-            out_specs.append(cg.node_strategy(value.producer, choice).out_specs[value.index])
+            out_specs.append(cg.node_strategy(node_id, choice).out_specs[0])
     solver_info = {"status": result.status, "groups": cg.num_groups, "nodes": len(graph.nodes),
                    "edges": len(cg.edges), "trace_s": traced - started,
                    "cost_s": costed - traced, "solve_s": solved - costed}

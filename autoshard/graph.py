@@ -31,7 +31,7 @@ class Value:
 class Node:
     """One unit the planner chooses a strategy for.
 
-    kind: "arg", "const", "eqn" or "boundary" (the seam of a scan/while/cond body).
+    kind: "arg", "const", "eqn", "output" or "boundary" (the seam of a scan/while/cond body).
     operands: value ids, ``None`` for literals. operand_shapes covers literals too.
     weight: how many times the node runs per call (loop trip counts multiplied).
     operand_weights: how many times each operand's resharding happens per call.
@@ -60,6 +60,8 @@ class Graph:
     arg_nodes: tuple[int, ...]             # node id per flat argument
     arg_paths: tuple[str, ...]
     outputs: tuple[int | None, ...]         # value id per flat output (None: literal)
+    output_nodes: tuple[int | None, ...]    # the "output" node that holds each output's spec
+    out_paths: tuple[str, ...]
     users: tuple[tuple[tuple[int, int], ...], ...]  # per value: (node id, operand index)
     closed_jaxpr: Any
     in_tree: Any

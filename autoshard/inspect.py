@@ -32,7 +32,8 @@ __all__ = [
     "inspect", "parse_hlo", "parse_replica_groups", "report_from_hlo_text",
 ]
 
-COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+                    "collective-permute")
 
 # Bits per element of each HLO primitive type (tuple/token/opaque have no elements).
 _DTYPE_BITS = {
@@ -44,8 +45,6 @@ _DTYPE_BITS = {
 # Ops that only move references around: they touch no HBM of their own.
 _PLUMBING = frozenset({"parameter", "constant", "tuple", "get-tuple-element", "bitcast",
                        "after-all", "add-dependency", "opt-barrier"})
-# Ops whose bodies the walk enters instead of pricing the op itself.
-_CONTROL = frozenset({"while", "call", "conditional"})
 
 
 # --------------------------------------------------------------------------- shapes
@@ -165,6 +164,11 @@ def _ints(text: str) -> list[int]:
     return [int(t) for t in re.findall(r"-?\d+", text)]
 
 
+def _brace_lists(text: str) -> list[list[int]]:
+    """``{{0,1},{2,3}}`` -> [[0, 1], [2, 3]]."""
+    return [_ints(g) for g in re.findall(r"\{([^{}]*)\}", text.strip()[1:-1])]
+
+
 # --------------------------------------------------------------------------- HLO structure
 
 
@@ -259,6 +263,8 @@ def _parse_instruction(line: str) -> Instruction | None:
     if not m:
         return None
     is_root, name, rest = bool(m.group(1)), m.group(2), m.group(3).strip()
+    if not rest.startswith("(") and " " not in rest:
+        return None
     end = _matching(rest, 0) + 1 if rest.startswith("(") else rest.index(" ")
     shape, rest = _parse_shape(rest[:end]), rest[end:].strip()
     op = re.match(r"([\w\-]+)\(", rest)
@@ -395,8 +401,7 @@ def parse_replica_groups(text: str, num_devices: int) -> list[list[int]]:
         return _mesh_groups(text)
     if text.startswith("["):
         return _iota_groups(text)
-    groups = [_ints(g) for g in re.findall(r"\{([^{}]*)\}", text[1:-1])] if text else []
-    return groups or [list(range(num_devices))]
+    return (_brace_lists(text) if text else []) or [list(range(num_devices))]
 
 
 def _axes_of(device_sets: Sequence[Sequence[int]], mesh) -> tuple[str, ...]:
@@ -487,14 +492,15 @@ def _trip_count(inst: Instruction) -> int | None:
 def _walk(module: HloModule, comp: Computation, multiplier: int,
           warnings: list[str]) -> Iterator[tuple[Computation, Instruction, int]]:
     """Top-level ops of ``comp`` and of the loop/call/branch bodies it runs, with how
-    many times each runs."""
+    many times each runs (every branch of a conditional counts, an upper bound)."""
     for inst in comp.instructions:
         if inst.opcode == "while":
             trips = _trip_count(inst)
             if trips is None:
                 warnings.append(f"while {inst.name} has no known_trip_count; counted once")
             for body in inst.called("body"):
-                yield from _walk(module, module.computations[body], multiplier * (trips or 1), warnings)
+                body_comp = module.computations[body]
+                yield from _walk(module, body_comp, multiplier * (trips or 1), warnings)
         elif inst.opcode in ("call", "conditional"):
             for name in inst.called("to_apply", "branch_computations", "true_computation",
                                     "false_computation"):
@@ -602,9 +608,8 @@ def _collective(module: HloModule, comp: Computation, inst: Instruction, count: 
     op_comp, op, kind = found
     num_bytes = _collective_bytes(op_comp, op, kind)
     if kind == "collective-permute":
-        pairs = [p for p in (_ints(g) for g in re.findall(r"\{([^{}]*)\}",
-                                                         op.attrs.get("source_target_pairs", "")[1:-1]))]
-        group_size, axes = 2, _axes_of(pairs, mesh)
+        pairs = _brace_lists(op.attrs.get("source_target_pairs", "{}"))
+        group_size, axes = 2, _axes_of(pairs, mesh)  # a send/receive pair
     else:
         groups = parse_replica_groups(op.attrs.get("replica_groups", "{}"), module.num_devices)
         group_size, axes = len(groups[0]), _axes_of(groups, mesh)
@@ -684,7 +689,9 @@ def _memory_fields(memory: Any) -> dict[str, int]:
     fields = {}
     for short in ("argument", "output", "temp", "alias"):
         value = get(f"{short}_size_in_bytes", None)
-        fields[f"{short}_bytes"] = int(value if value is not None else get(f"{short}_bytes", 0) or 0)
+        if value is None:
+            value = get(f"{short}_bytes", 0)
+        fields[f"{short}_bytes"] = int(value or 0)
     fields["memory_bytes"] = (fields["argument_bytes"] + fields["output_bytes"]
                               + fields["temp_bytes"] - fields["alias_bytes"])
     return fields
@@ -700,7 +707,8 @@ def report_from_module(module: HloModule, hardware: Hardware, mesh=None, memory=
         op_flops, op_bytes = _flops(module, comp, inst), _bytes(comp, inst)
         flops += op_flops * count
         num_bytes += op_bytes * count
-        collective = None if _is_done(inst) else _collective(module, comp, inst, count, hardware, mesh)
+        collective = (None if _is_done(inst)
+                      else _collective(module, comp, inst, count, hardware, mesh))
         if collective is not None:
             collectives.append(collective)
         elif op_flops or op_bytes:

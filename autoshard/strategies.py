@@ -177,7 +177,7 @@ def materialized_values(graph: Graph, einsums) -> list[bool]:
 
 def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
                      pins: Mapping[int, Spec] | None = None) -> StrategySpace:
-    """Enumerate every node's strategies. ``pins`` maps arg node ids to a fixed spec."""
+    """Enumerate every node's strategies. ``pins`` maps arg/output node ids to a fixed spec."""
     pins = pins or {}
     einsums = []
     for node in graph.nodes:
@@ -197,6 +197,8 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
             ctx = (axis_sizes, hw, [materialized[v.id] for v in out_values])
             found = prune(einsum_strategies(node, einsum, [v.shape for v in out_values],
                                             [v.dtype for v in out_values], ctx))
+            if node.id in pins:
+                found = [s for s in found if s.out_specs[0] == pins[node.id]]
         all_strategies.append(tuple(found))
     return StrategySpace(graph, tuple(all_strategies), tuple(einsums), tuple(materialized),
                          dict(axis_sizes), hw)

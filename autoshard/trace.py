@@ -247,6 +247,15 @@ def trace(fn: Callable, *args) -> Graph:
         arg_nodes.append(len(builder.nodes))
         arg_values += builder.new_node("arg", "arg", ("arg", i), [], [], [leaf], label=path)
     outputs = builder.walk(closed.jaxpr, closed.consts, arg_values, (), 1.0)
+    out_paths = ["out" + jax.tree_util.keystr(k) for k, _ in
+                 jax.tree_util.tree_flatten_with_path(out_shapes)[0]]
+    output_nodes = []
+    for k, (value, aval) in enumerate(zip(outputs, out_avals)):
+        output_nodes.append(len(builder.nodes) if value is not None else None)
+        if value is not None:
+            builder.new_node("output", "output", ("out", k), [value], [aval], [aval],
+                             label=out_paths[k])
     return builder.freeze(arg_nodes=tuple(arg_nodes), arg_paths=tuple(paths),
-                          outputs=tuple(outputs), closed_jaxpr=closed, in_tree=in_tree,
+                          outputs=tuple(outputs), output_nodes=tuple(output_nodes),
+                          out_paths=tuple(out_paths), closed_jaxpr=closed, in_tree=in_tree,
                           out_tree=out_tree, out_avals=tuple(out_avals))

@@ -70,7 +70,8 @@ def test_parse_hlo_reads_computations_instructions_and_partitions():
     assert module.entry_name == "main.0_spmd"
     assert set(module.computations) == {"add.clone", "fused_computation", "main.0_spmd"}
     root = module.entry.root
-    assert (root.opcode, root.operands, root.shape.dims) == ("all-reduce", ("ynn_fusion",), (16, 512))
+    assert (root.opcode, root.operands, root.shape.dims) == (
+        "all-reduce", ("ynn_fusion",), (16, 512))
     fusion = module.entry.by_name["ynn_fusion"]
     assert fusion.called("calls") == ["fused_computation"]
     assert fusion.backend_config()["fusion_config"]["kind"] == "__ynn_fusion"
@@ -191,7 +192,8 @@ def test_async_pairs_count_once_at_start(mesh2x4):
     # all-reduce: buffer f32[16,128] = 8192 bytes over 'data'
     assert (ar.kind, ar.num_bytes, ar.group_size, ar.axes) == ("all-reduce", 8192, 2, ("data",))
     # reduce-scatter wrapped in async-start: input f32[16,128] over 'model'
-    assert (rs.kind, rs.num_bytes, rs.group_size, rs.axes) == ("reduce-scatter", 8192, 4, ("model",))
+    assert (rs.kind, rs.num_bytes, rs.group_size, rs.axes) == (
+        "reduce-scatter", 8192, 4, ("model",))
     assert rs.seconds == pytest.approx(reduce_scatter_seconds(8192, 4, 5e10, LATENCY))
     # collective-permute ring within each 'model' row
     assert (cp.kind, cp.num_bytes, cp.axes) == ("collective-permute", 8192, ("model",))
@@ -264,14 +266,16 @@ def test_2x4_mesh_attributes_axes(mesh2x4):
     compiled = _compile(_matmul, mesh2x4, [P("data", "model"), P("model", None)],
                         P("data", None), X, W)
     (ar,) = inspect(compiled, HW, mesh2x4).collectives
-    assert (ar.kind, ar.num_bytes, ar.group_size, ar.axes) == ("all-reduce", 32 * 512 * F32, 4, ("model",))
+    assert (ar.kind, ar.num_bytes, ar.group_size, ar.axes) == (
+        "all-reduce", 32 * 512 * F32, 4, ("model",))
     assert ar.seconds == pytest.approx(all_reduce_seconds(65536, 4, 5e10, LATENCY))
     # contraction sharded over 'data': partial out[16,512] summed over pairs
     compiled = _compile(_matmul, mesh2x4, [P("model", "data"), P("data", None)],
                         P("model", None), X, W)
     report = inspect(compiled, HW, mesh2x4)
     (ar,) = report.collectives
-    assert (ar.kind, ar.num_bytes, ar.group_size, ar.axes) == ("all-reduce", 16 * 512 * F32, 2, ("data",))
+    assert (ar.kind, ar.num_bytes, ar.group_size, ar.axes) == (
+        "all-reduce", 16 * 512 * F32, 2, ("data",))
     assert ar.seconds == pytest.approx(all_reduce_seconds(32768, 2, 2e10, LATENCY))
     # per device x[16,128] @ w[128,512]
     assert report.flops == 2 * 16 * 128 * 512
@@ -306,7 +310,8 @@ def test_cpu_reduce_scatter_prices_like_a_real_reduce_scatter(mesh8):
     real = inspect(jax.jit(f).lower(X, W).compile(), HW, mesh8)
     (a,), (r,) = auto.collectives, real.collectives
     assert a.kind == r.kind == "reduce-scatter"
-    assert (a.num_bytes, a.group_size, a.axes, a.seconds) == (r.num_bytes, r.group_size, r.axes, r.seconds)
+    assert (a.num_bytes, a.group_size, a.axes) == (r.num_bytes, r.group_size, r.axes)
+    assert a.seconds == r.seconds
     assert a.num_bytes == 64 * 512 * F32
 
 
@@ -330,7 +335,8 @@ def test_all_to_all_num_bytes(mesh2x4):
     report = inspect(jax.jit(f).lower(jnp.ones((64, 32), jnp.float32)).compile(), HW, mesh2x4)
     (a2a,) = report.collectives
     # the local block f32[32,8] = 1024 bytes, exchanged within each 'model' row
-    assert (a2a.kind, a2a.num_bytes, a2a.group_size, a2a.axes) == ("all-to-all", 1024, 4, ("model",))
+    assert (a2a.kind, a2a.num_bytes, a2a.group_size, a2a.axes) == (
+        "all-to-all", 1024, 4, ("model",))
     assert a2a.seconds == pytest.approx(all_to_all_seconds(1024, 4, 5e10, LATENCY))
 
 

@@ -6,6 +6,7 @@ loop_carry: init, the body's carry-out and both results share one spec (XLA keep
 loop_xs / loop_ys: the per-iteration slice drops (adds) the leading scanned dim, which
   stays whole.
 branch_out: every branch's result and the cond's result share one spec.
+output: the spec a program's result is handed back in (jit's out_shardings).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from autoshard.rules import Einsum, LabelMaker, register
 
 
-@register("loop_const", "loop_carry", "branch_in", "branch_out")
+@register("loop_const", "loop_carry", "branch_in", "branch_out", "output")
 def same_spec(node, out_shapes) -> Einsum:
     labels = LabelMaker()
     term = tuple(labels.new(d) for d in out_shapes[0])

@@ -102,10 +102,19 @@ def param_count(tree: Any) -> int:
 # ---------------------------------------------------------------------------
 
 
+def _normal(key, shape: tuple, std: float = 1.0) -> jax.Array:
+    """``std * N(0, 1)`` samples of the given shape, in f32.
+
+    Drawn flat and reshaped: XLA:CPU compiles the PRNG over rank >= 3 shapes
+    several times slower, which dominated building these programs.
+    """
+    return (std * jax.random.normal(key, (math.prod(shape),), jnp.float32)).reshape(shape)
+
+
 def _dense_init(key, d_in: int, d_out: int) -> dict:
     """A dense layer ``{'w': [d_in, d_out], 'b': [d_out]}`` with LeCun init."""
-    w = jax.random.normal(key, (d_in, d_out), jnp.float32) / math.sqrt(d_in)
-    return {"w": w, "b": jnp.zeros((d_out,), jnp.float32)}
+    return {"w": _normal(key, (d_in, d_out), 1 / math.sqrt(d_in)),
+            "b": jnp.zeros((d_out,), jnp.float32)}
 
 
 def _dense(p: dict, x: jax.Array) -> jax.Array:
@@ -147,8 +156,15 @@ def _adam_update(params, grads, state, *, lr, b1=0.9, b2=0.999, eps=1e-8):
     return new_params, {"m": m, "v": v, "count": count}
 
 
-def _abstract(tree):
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+def _build(init: Callable, abstract: bool = False) -> tuple:
+    """Example args from ``init(jax.random.key(0))``.
+
+    The initializer runs as one jitted computation (much faster than eager
+    op-by-op on CPU); with ``abstract`` it is only shape-evaluated, so nothing
+    is allocated.
+    """
+    key = jax.random.key(0)
+    return tuple(jax.eval_shape(init, key) if abstract else jax.jit(init)(key))
 
 
 # ---------------------------------------------------------------------------
@@ -165,13 +181,17 @@ def mlp_train_step(batch: int = 64, d_in: int = 64, d_hidden: int = 128, d_out: 
     output layer) and ``batch = {'x': [batch, d_in], 'y': int32[batch]}``.
     """
     widths = [d_in] + [d_hidden] * depth + [d_out]
-    k_params, k_x, k_y = jax.random.split(jax.random.key(0), 3)
-    layer_keys = jax.random.split(k_params, len(widths) - 1)
-    params = {"layers": [_dense_init(k, a, b) for k, a, b in zip(layer_keys, widths[:-1], widths[1:])]}
-    data = {
-        "x": jax.random.normal(k_x, (batch, d_in), jnp.float32),
-        "y": jax.random.randint(k_y, (batch,), 0, d_out, jnp.int32),
-    }
+
+    def init(key):
+        k_params, k_x, k_y = jax.random.split(key, 3)
+        layer_keys = jax.random.split(k_params, len(widths) - 1)
+        params = {"layers": [_dense_init(k, a, b)
+                             for k, a, b in zip(layer_keys, widths[:-1], widths[1:])]}
+        data = {
+            "x": _normal(k_x, (batch, d_in)),
+            "y": jax.random.randint(k_y, (batch,), 0, d_out, jnp.int32),
+        }
+        return params, data
 
     def loss_fn(params, batch):
         h = batch["x"]
@@ -187,7 +207,7 @@ def mlp_train_step(batch: int = 64, d_in: int = 64, d_hidden: int = 128, d_out: 
     # Outputs are O(1) (loss ~ log(16), weights ~ 1/sqrt(fan_in)); reordering
     # f32 sums over <= 128 terms moves them by ~1e-7, so 1e-5 leaves 100x margin
     # while a wrong reduction (missing all-reduce, wrong slice) is off by >1e-3.
-    return Program("mlp_train_step", train_step, (params, data), atol=1e-5, donate_argnums=(0,))
+    return Program("mlp_train_step", train_step, _build(init), atol=1e-5, donate_argnums=(0,))
 
 
 # ---------------------------------------------------------------------------
@@ -208,7 +228,7 @@ def _layer_norm(p: dict, x: jax.Array, eps: float = 1e-5) -> jax.Array:
 def _block_init(key, d_model: int, d_ff: int) -> dict:
     """Weights of one pre-LN decoder block."""
     kq, kk, kv, ko, k1, k2 = jax.random.split(key, 6)
-    normal = lambda k, shape, fan_in: jax.random.normal(k, shape, jnp.float32) / math.sqrt(fan_in)
+    normal = lambda k, shape, fan_in: _normal(k, shape, 1 / math.sqrt(fan_in))
     return {
         "ln1": _layer_norm_init(d_model),
         "wq": normal(kq, (d_model, d_model), d_model),
@@ -251,11 +271,11 @@ def _lm_init(key, *, vocab: int, seq: int, d_model: int, layers: int, d_ff: int,
     if stacked:
         blocks = jax.tree.map(lambda *xs: jnp.stack(xs), *blocks)
     return {
-        "embed": jax.random.normal(k_embed, (vocab, d_model), jnp.float32) * 0.02,
-        "pos_embed": jax.random.normal(k_pos, (seq, d_model), jnp.float32) * 0.02,
+        "embed": _normal(k_embed, (vocab, d_model), 0.02),
+        "pos_embed": _normal(k_pos, (seq, d_model), 0.02),
         "layers": blocks,
         "ln_f": _layer_norm_init(d_model),
-        "head": jax.random.normal(k_head, (d_model, vocab), jnp.float32) / math.sqrt(d_model),
+        "head": _normal(k_head, (d_model, vocab), 1 / math.sqrt(d_model)),
     }
 
 
@@ -300,8 +320,7 @@ def _lm_adam_program(name: str, *, batch, seq, vocab, d_model, heads, layers, d_
         params, opt_state = _adam_update(params, grads, opt_state, lr=lr)
         return params, opt_state, loss
 
-    args = jax.eval_shape(make_args, jax.random.key(0)) if abstract else make_args(jax.random.key(0))
-    return Program(name, train_step, tuple(args), atol=atol, donate_argnums=(0, 1))
+    return Program(name, train_step, _build(make_args, abstract), atol=atol, donate_argnums=(0, 1))
 
 
 # The first Adam step moves every parameter by lr * g / (|g| + eps), i.e. by
@@ -375,8 +394,11 @@ class _NnxBlock(nnx.Module):
 
     def __init__(self, d_model: int, heads: int, d_ff: int, *, rngs: nnx.Rngs):
         self.ln1 = nnx.LayerNorm(d_model, rngs=rngs)
-        self.attn = nnx.MultiHeadAttention(num_heads=heads, in_features=d_model, decode=False,
-                                           keep_rngs=False, rngs=rngs)
+        # No q/k/v/o biases (as in most current LMs).  A key bias would also be
+        # a trap for numerics checks: softmax ignores a shift shared by all keys,
+        # so its gradient is pure rounding noise, which Adam scales up to +-lr.
+        self.attn = nnx.MultiHeadAttention(num_heads=heads, in_features=d_model, use_bias=False,
+                                           decode=False, keep_rngs=False, rngs=rngs)
         self.ln2 = nnx.LayerNorm(d_model, rngs=rngs)
         self.fc1 = nnx.Linear(d_model, d_ff, rngs=rngs)
         self.fc2 = nnx.Linear(d_ff, d_model, rngs=rngs)
@@ -392,7 +414,7 @@ class _NnxLM(nnx.Module):
     def __init__(self, *, vocab: int, seq: int, d_model: int, heads: int, layers: int,
                  d_ff: int, rngs: nnx.Rngs):
         self.embed = nnx.Embed(vocab, d_model, rngs=rngs)
-        self.pos_embed = nnx.Param(jax.random.normal(rngs.params(), (seq, d_model)) * 0.02)
+        self.pos_embed = nnx.Param(_normal(rngs.params(), (seq, d_model), 0.02))
         self.blocks = nnx.List([_NnxBlock(d_model, heads, d_ff, rngs=rngs) for _ in range(layers)])
         self.ln_f = nnx.LayerNorm(d_model, rngs=rngs)
         self.head = nnx.Linear(d_model, vocab, use_bias=False, rngs=rngs)
@@ -417,13 +439,16 @@ def nnx_transformer_train_step(batch: int = 8, seq: int = 16, vocab: int = 128,
     graphdef is closed over) and ``opt_state`` is ``optax.adamw(...).init(state)``.
     ``batch`` is as in :func:`transformer_train_step`.
     """
-    k_model, k_data = jax.random.split(jax.random.key(0))
-    model = _NnxLM(vocab=vocab, seq=seq, d_model=d_model, heads=heads, layers=layers,
-                   d_ff=d_ff, rngs=nnx.Rngs(params=k_model))
-    graphdef, state, rest = nnx.split(model, nnx.Param, ...)
     tx = optax.adamw(lr, weight_decay=weight_decay)
-    opt_state = tx.init(state)
-    data = _lm_batch(k_data, batch, seq, vocab)
+    create = lambda key: _NnxLM(vocab=vocab, seq=seq, d_model=d_model, heads=heads,
+                                layers=layers, d_ff=d_ff, rngs=nnx.Rngs(params=key))
+    # The graphdef comes from a shape-only model; the arrays from one jitted init.
+    graphdef, _, rest = nnx.split(nnx.eval_shape(create, jax.random.key(0)), nnx.Param, ...)
+
+    def init(key):
+        k_model, k_data = jax.random.split(key)
+        state = nnx.state(create(k_model), nnx.Param)
+        return state, tx.init(state), _lm_batch(k_data, batch, seq, vocab)
 
     def loss_fn(state, batch):
         model = nnx.merge(graphdef, state, rest)
@@ -436,7 +461,7 @@ def nnx_transformer_train_step(batch: int = 8, seq: int = 16, vocab: int = 128,
 
     # Same first-Adam-step reasoning as the plain-JAX LM (see _LM_ADAM_ATOL);
     # weight decay adds lr * wd * p ~ 1e-7, which is computed elementwise.
-    return Program("nnx_transformer_train_step", train_step, (state, opt_state, data),
+    return Program("nnx_transformer_train_step", train_step, _build(init),
                    atol=_LM_ADAM_ATOL, donate_argnums=(0, 1))
 
 
@@ -490,18 +515,22 @@ def moe_layer_train_step(batch: int = 8, seq: int = 16, d_model: int = 64, exper
     tokens = batch * seq
     capacity = int(math.ceil(capacity_factor * tokens / experts))
     capacity = -(-capacity // 8) * 8  # keep it shardable 8 ways
-    k_router, k_w1, k_w2, k_x, k_t = jax.random.split(jax.random.key(0), 5)
-    params = {
-        "router": jax.random.normal(k_router, (d_model, experts), jnp.float32) / math.sqrt(d_model),
-        "w1": jax.random.normal(k_w1, (experts, d_model, d_ff), jnp.float32) / math.sqrt(d_model),
-        "b1": jnp.zeros((experts, d_ff), jnp.float32),
-        "w2": jax.random.normal(k_w2, (experts, d_ff, d_model), jnp.float32) / math.sqrt(d_ff),
-        "b2": jnp.zeros((experts, d_model), jnp.float32),
-    }
-    data = {
-        "x": jax.random.normal(k_x, (batch, seq, d_model), jnp.float32),
-        "target": jax.random.normal(k_t, (batch, seq, d_model), jnp.float32),
-    }
+
+    def init(key):
+        k_router, k_w1, k_w2, k_x, k_t = jax.random.split(key, 5)
+        normal = lambda k, shape, fan_in: _normal(k, shape, 1 / math.sqrt(fan_in))
+        params = {
+            "router": normal(k_router, (d_model, experts), d_model),
+            "w1": normal(k_w1, (experts, d_model, d_ff), d_model),
+            "b1": jnp.zeros((experts, d_ff), jnp.float32),
+            "w2": normal(k_w2, (experts, d_ff, d_model), d_ff),
+            "b2": jnp.zeros((experts, d_model), jnp.float32),
+        }
+        data = {
+            "x": _normal(k_x, (batch, seq, d_model)),
+            "target": _normal(k_t, (batch, seq, d_model)),
+        }
+        return params, data
 
     def moe_layer(params, x):
         b, s, d = x.shape
@@ -526,7 +555,7 @@ def moe_layer_train_step(batch: int = 8, seq: int = 16, d_model: int = 64, exper
     # outputs by ~1e-7; 1e-5 leaves margin.  Routing is an argmax: if a sharded
     # router matmul flipped a near-tie (gap < ~1e-6, ~1e-3 chance for the
     # default data) a whole token would differ, which no atol can absorb.
-    return Program("moe_layer_train_step", train_step, (params, data), atol=1e-5,
+    return Program("moe_layer_train_step", train_step, _build(init), atol=1e-5,
                    donate_argnums=(0,))
 
 
@@ -552,18 +581,22 @@ def conv_train_step(batch: int = 16, hw: int = 16, channels: tuple = (8, 16), cl
     [3, 3, c_in, c_out], 'b'}, ...], 'head': {'w', 'b'}}`` and ``batch =
     {'images': [batch, hw, hw, in_channels], 'labels': int32[batch]}``.
     """
-    k_params, k_x, k_y = jax.random.split(jax.random.key(0), 3)
-    keys = jax.random.split(k_params, len(channels) + 1)
-    convs = []
-    for k, c_in, c_out in zip(keys, (in_channels,) + tuple(channels), channels):
-        fan_in = 9 * c_in
-        w = jax.random.normal(k, (3, 3, c_in, c_out), jnp.float32) * math.sqrt(2.0 / fan_in)
-        convs.append({"w": w, "b": jnp.zeros((c_out,), jnp.float32)})
-    params = {"convs": convs, "head": _dense_init(keys[-1], channels[-1], classes)}
-    data = {
-        "images": jax.random.normal(k_x, (batch, hw, hw, in_channels), jnp.float32),
-        "labels": jax.random.randint(k_y, (batch,), 0, classes, jnp.int32),
-    }
+    channels = tuple(channels)
+
+    def init(key):
+        k_params, k_x, k_y = jax.random.split(key, 3)
+        keys = jax.random.split(k_params, len(channels) + 1)
+        convs = []
+        for k, c_in, c_out in zip(keys, (in_channels,) + channels, channels):
+            he = math.sqrt(2.0 / (9 * c_in))
+            convs.append({"w": _normal(k, (3, 3, c_in, c_out), he),
+                          "b": jnp.zeros((c_out,), jnp.float32)})
+        params = {"convs": convs, "head": _dense_init(keys[-1], channels[-1], classes)}
+        data = {
+            "images": _normal(k_x, (batch, hw, hw, in_channels)),
+            "labels": jax.random.randint(k_y, (batch,), 0, classes, jnp.int32),
+        }
+        return params, data
 
     def loss_fn(params, batch):
         x = batch["images"]
@@ -579,7 +612,7 @@ def conv_train_step(batch: int = 16, hw: int = 16, channels: tuple = (8, 16), cl
     # O(1) activations; kernel gradients sum over batch * hw * hw = 4096
     # positions, so reordering (and a different conv algorithm per shard) moves
     # outputs by ~1e-6 at most; 1e-5 leaves margin.
-    return Program("conv_train_step", train_step, (params, data), atol=1e-5, donate_argnums=(0,))
+    return Program("conv_train_step", train_step, _build(init), atol=1e-5, donate_argnums=(0,))
 
 
 # ---------------------------------------------------------------------------
@@ -598,21 +631,19 @@ def inference_mlp(batch: int = 16, d: int = 8192, abstract: bool = False) -> Pro
     def make_args(key):
         k1, k2, kx = jax.random.split(key, 3)
         params = {
-            "w1": jax.random.normal(k1, (d, d), jnp.float32) / math.sqrt(d),
-            "w2": jax.random.normal(k2, (d, d), jnp.float32) / math.sqrt(d),
+            "w1": _normal(k1, (d, d), 1 / math.sqrt(d)),
+            "w2": _normal(k2, (d, d), 1 / math.sqrt(d)),
         }
-        return params, jax.random.normal(kx, (batch, d), jnp.float32)
+        return params, _normal(kx, (batch, d))
 
     def forward(params, x):
         return jax.nn.gelu(x @ params["w1"]) @ params["w2"]
 
-    key = jax.random.key(0)
-    args = jax.eval_shape(make_args, key) if abstract else jax.jit(make_args)(key)
     # Outputs are O(1) (unit-variance x, 1/sqrt(d) weights).  Each output is a
     # dot over d = 8192 terms; splitting that contraction across devices and
     # summing partials reorders it, an error of ~sqrt(d) * 6e-8 * 1/sqrt(d) per
     # level, ~1e-6 in all; 1e-4 covers both matmuls with margin.
-    return Program("inference_mlp", forward, tuple(args), atol=1e-4)
+    return Program("inference_mlp", forward, _build(make_args, abstract), atol=1e-4)
 
 
 # ---------------------------------------------------------------------------
