@@ -150,6 +150,17 @@ def value_strategies(shape, axis_sizes, pinned: Spec | None = None) -> list[Stra
     return [Strategy(specs.spec_str(c), (), (c,), 0.0, 0.0) for c in candidates]
 
 
+def keep_scanned_dim_whole(graph: Graph, node: Node, found: list[Strategy]) -> list[Strategy]:
+    """An argument a scan slices (stacked layer weights) never splits its leading dim:
+    that would gather the whole stack before the loop, where splitting another dim
+    gathers one layer at a time inside it."""
+    users = graph.users[node.outputs[0]]
+    if not any(graph.nodes[u].primitive == "loop_xs" for u, _ in users):
+        return found
+    kept = [s for s in found if not s.out_specs[0][0]]
+    return kept or found
+
+
 def prune(strategies: list[Strategy]) -> list[Strategy]:
     """Keep the cheapest strategy per distinct (operand specs, result specs)."""
     best: dict = {}
@@ -191,6 +202,7 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
         out_values = [graph.values[v] for v in node.outputs]
         if node.kind == "arg":
             found = value_strategies(out_values[0].shape, axis_sizes, pins.get(node.id))
+            found = keep_scanned_dim_whole(graph, node, found) if node.id not in pins else found
         elif node.kind == "const":
             found = value_strategies(out_values[0].shape, {})
         else:

@@ -146,7 +146,7 @@ def dynamic_update_slice(node, out_shapes) -> Einsum:
     return Einsum((term, term, *rest), (term,), labels.sizes)
 
 
-@register("iota")
+@register("iota", "empty", "empty2")
 def iota(node, out_shapes) -> Einsum:
     labels = LabelMaker()
     term = tuple(labels.new(d) for d in out_shapes[0])

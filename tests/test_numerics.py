@@ -1,0 +1,79 @@
+"""Every plan computes what the unsharded function computes (f32, rtol 1e-5).
+
+atol per program is stated in autoshard.testing.programs: sharded reductions add in
+another order, and Adam divides by sqrt(v), so values near zero differ by more than
+rtol alone allows.
+"""
+
+import jax
+import numpy as np
+import pytest
+
+import autoshard
+from autoshard.testing import programs
+
+RTOL = 1e-5
+PROGRAMS = {p.name: p for p in programs.all_programs()}
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_plan_matches_single_device(name, mesh):
+    program = PROGRAMS[name]
+    expected = jax.jit(program.fn)(*program.args)
+    plan = autoshard.plan(program.fn, *program.args, mesh=mesh)
+    got = plan.jit()(*program.args)
+    for e, g in zip(jax.tree.leaves(expected), jax.tree.leaves(got)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=RTOL, atol=program.atol)
+    # the result lives where the plan says
+    for sharding, leaf in zip(jax.tree.leaves(plan.out_shardings), jax.tree.leaves(got)):
+        assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim)
+
+
+def test_auto_shard_decorator_caches_per_signature(mesh_2d):
+    program = PROGRAMS["mlp_train_step"]
+    step = autoshard.auto_shard(program.fn, mesh=mesh_2d)
+    first = step(*program.args)
+    step(*program.args)
+    assert len(step._plans) == 1
+    expected = jax.jit(program.fn)(*program.args)
+    for e, g in zip(jax.tree.leaves(expected), jax.tree.leaves(first)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=RTOL, atol=program.atol)
+    assert step.plan_for(*program.args) is next(iter(step._plans.values()))
+
+
+def test_donation_keeps_numerics(mesh_1d):
+    program = PROGRAMS["mlp_train_step"]
+    expected = jax.jit(program.fn)(*program.args)
+    plan = autoshard.plan(program.fn, *program.args, mesh=mesh_1d, donate_argnums=(0,))
+    args = jax.tree.map(lambda x: x.copy(), program.args)
+    got = plan.jit()(*args)
+    for e, g in zip(jax.tree.leaves(expected), jax.tree.leaves(got)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=RTOL, atol=program.atol)
+
+
+def test_control_flow_numerics(mesh_2d):
+    """while, cond, fori (scan), remat and custom_vjp survive the rewrite."""
+    import jax.numpy as jnp
+
+    @jax.custom_vjp
+    def scale(a):
+        return a * 3.0
+    scale.defvjp(lambda a: (a * 3.0, None), lambda _, ct: (ct * 3.0,))
+
+    def fn(w, x):
+        def loss(w):
+            h = jax.lax.cond(x.sum() > 0, lambda a: a @ w, lambda a: a @ w.T, x)
+            h = jax.lax.fori_loop(0, 3, lambda i, c: jnp.tanh(c @ w), h)
+            h = jax.checkpoint(lambda a: jnp.sin(a) @ w)(h)
+            return scale(h).mean()
+        value, grad = jax.value_and_grad(loss)(w)
+        grad = jax.lax.while_loop(lambda c: c[1] < 2, lambda c: (c[0] * 1.5, c[1] + 1),
+                                  (grad, 0))[0]
+        return value, grad
+
+    w = jax.random.normal(jax.random.key(1), (64, 64)) / 8
+    x = jax.random.normal(jax.random.key(2), (32, 64))
+    expected = jax.jit(fn)(w, x)
+    got = autoshard.plan(fn, w, x, mesh=mesh_2d).jit()(w, x)
+    for e, g in zip(jax.tree.leaves(expected), jax.tree.leaves(got)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=RTOL, atol=1e-6)
