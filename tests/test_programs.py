@@ -85,6 +85,21 @@ def test_dims_divisible_by_8_and_floats_are_f32(name):
         assert all(d % 8 == 0 for d in dims), (key, x.shape)
 
 
+@pytest.mark.parametrize("name", ["mlp_train_step", "moe_layer_train_step"])
+def test_batch_sharded_run_matches_within_tolerance(name):
+    """A data-parallel run reorders the sums; the declared atol absorbs that."""
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 devices (see tests/conftest.py)")
+    p = _program(name)
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    batch_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    *state, batch = p.args
+    sharded = (*state, jax.device_put(batch, batch_sharding))
+    expected, got = jax.jit(p.fn)(*p.args), jax.jit(p.fn)(*sharded)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=programs.RTOL, atol=p.atol),
+                 got, expected)
+
+
 def test_params_have_the_documented_layout():
     mlp = _program("mlp_train_step").args[0]
     assert [l["w"].shape for l in mlp["layers"]] == [(64, 128), (128, 128), (128, 128), (128, 16)]
