@@ -92,6 +92,7 @@ def test_scan_over_layers_shards_stacked_weights(mesh_2d):
     assert sharded and all(not a.spec[0] for a in stacked)  # the scanned dim stays whole
 
 
+@pytest.mark.slow
 def test_one_billion_parameters_plan_from_shapes_only(mesh_2d):
     program = programs.lm_1b_train_step_abstract()
     before = sum(x.nbytes for x in jax.live_arrays())
