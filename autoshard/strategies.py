@@ -14,6 +14,7 @@ from typing import Mapping
 
 from autoshard import hardware as hwlib
 from autoshard import specs
+from autoshard.errors import PinError
 from autoshard.graph import Graph, Node
 from autoshard.hardware import Hardware
 from autoshard.rules import Einsum, rule_for
@@ -207,10 +208,15 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
             found = value_strategies(out_values[0].shape, {})
         else:
             ctx = (axis_sizes, hw, [materialized[v.id] for v in out_values])
-            found = prune(einsum_strategies(node, einsum, [v.shape for v in out_values],
-                                            [v.dtype for v in out_values], ctx))
-            if node.id in pins:
+            found = einsum_strategies(node, einsum, [v.shape for v in out_values],
+                                      [v.dtype for v in out_values], ctx)
+            if node.id in pins:  # filter before prune's cap, so a pinned spec survives it
                 found = [s for s in found if s.out_specs[0] == pins[node.id]]
+                if not found:
+                    raise PinError(f"pin {node.label!r}: {specs.spec_str(pins[node.id])} is "
+                                   "not a spec this result can be produced in (axes sharing "
+                                   "a dim go in mesh order)")
+            found = prune(found)
         all_strategies.append(tuple(found))
     return StrategySpace(graph, tuple(all_strategies), tuple(einsums), tuple(materialized),
                          dict(axis_sizes), hw)

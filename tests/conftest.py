@@ -20,11 +20,9 @@ def mesh_2d():
     return autoshard.make_mesh((2, 4), ("data", "model"))
 
 
-@pytest.fixture(scope="session", params=["1d", "2d"])
+@pytest.fixture(scope="session", params=["mesh_1d", "mesh_2d"])
 def mesh(request):
-    if request.param == "1d":
-        return autoshard.make_mesh((8,), ("data",))
-    return autoshard.make_mesh((2, 4), ("data", "model"))
+    return request.getfixturevalue(request.param)
 
 
 def pytest_configure(config):

@@ -67,6 +67,12 @@ def test_pin_errors_name_the_culprit(mlp, mesh_2d):
                        pins={"v": P(("data", "model"))})
 
 
+def test_output_pin_in_another_axis_order_is_refused(mesh_2d):
+    with pytest.raises(autoshard.PinError, match="out"):
+        autoshard.plan(lambda v: v * 2, jnp.ones((16, 8)), mesh=mesh_2d,
+                       pins={"out": P(("model", "data"))})
+
+
 def test_non_array_leaf_is_named(mesh_2d):
     with pytest.raises(autoshard.InputError, match=r"config\['name'\]"):
         autoshard.plan(lambda x, config: x * 2, jnp.ones(8), {"name": "adam"}, mesh=mesh_2d)
