@@ -13,6 +13,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from autoshard import specs
 from autoshard.apply import Decision
+from autoshard.breakdown import cost_breakdown, memory_parts
 from autoshard.cost import CostGraph, build_cost_graph, reshard_seconds
 from autoshard.errors import MemoryBudgetError, PinError
 from autoshard.hardware import H100, Hardware
@@ -153,25 +154,28 @@ def _is_numpy_dtype(dtype) -> bool:
         return False
 
 
-def donated_outputs(graph, donate_argnums: Sequence[int]) -> list[int]:
-    """Outputs XLA can write into donated argument buffers (same shape and dtype)."""
+def donated_pairs(graph, donate_argnums: Sequence[int]) -> list[tuple[int, int]]:
+    """(output index, argument node) pairs XLA can alias: an output written into a donated
+    argument's buffer of the same shape and dtype, first unused argument first."""
     if not donate_argnums:
         return []
     leaves_per_arg = [len(jax.tree_util.tree_leaves(sub)) for sub in
                       jax.tree_util.tree_unflatten(graph.in_tree, list(range(len(graph.arg_nodes))))]
     starts = np.cumsum([0] + leaves_per_arg)
-    donated = [graph.values[graph.nodes[graph.arg_nodes[i]].outputs[0]]
-               for a in donate_argnums for i in range(starts[a], starts[a + 1])]
-    pool = [(v.shape, str(v.dtype)) for v in donated]
-    out = []
+    pool = [graph.arg_nodes[i] for a in donate_argnums for i in range(starts[a], starts[a + 1])]
+
+    def key(value):
+        return value.shape, str(value.dtype)
+    pairs = []
     for k, value_id in enumerate(graph.outputs):
         if value_id is None:
             continue
-        v = graph.values[value_id]
-        if (v.shape, str(v.dtype)) in pool:
-            pool.remove((v.shape, str(v.dtype)))
-            out.append(k)
-    return out
+        want = key(graph.values[value_id])
+        match = next((n for n in pool if key(graph.values[graph.nodes[n].outputs[0]]) == want), None)
+        if match is not None:
+            pool.remove(match)
+            pairs.append((k, match))
+    return pairs
 
 
 def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
@@ -207,7 +211,7 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
     traced = time.perf_counter()
     pinned = resolve_pins(pins, graph, sizes)
     space = build_strategies(graph, sizes, hw, pinned)
-    cg = build_cost_graph(space, donated_outputs(graph, tuple(donate_argnums)))
+    cg = build_cost_graph(space, donated_pairs(graph, tuple(donate_argnums)))
     request = build_request(cg, budget, time_limit_s)
     costed = time.perf_counter()
     try:
@@ -237,7 +241,8 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
                 fingerprint=program_fingerprint(graph.closed_jaxpr, in_avals),
                 memory_budget=budget, donate_argnums=tuple(donate_argnums),
                 program=(graph.closed_jaxpr, graph.in_tree, graph.out_tree),
-                solver=solver_info)
+                solver=solver_info, breakdown=cost_breakdown(cg, choice),
+                memory_parts=memory_parts(cg, choice, result.memory_bytes))
 
 
 def abstract_signature(args) -> tuple:

@@ -20,6 +20,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from autoshard import specs
 from autoshard.apply import Decision, make_jit
+from autoshard.breakdown import CostItem
 from autoshard.errors import PlanError
 from autoshard.hardware import Hardware
 from autoshard.specs import Spec
@@ -80,7 +81,9 @@ class Plan:
     def __init__(self, *, mesh: Mesh, hardware: Hardware, arguments: Sequence[ArgumentInfo],
                  out_specs: Sequence[Spec], decisions: Mapping[tuple, Decision], cost: PlanCost,
                  fingerprint: str, memory_budget: float | None = None, donate_argnums=(),
-                 program=None, solver: Mapping[str, Any] | None = None):
+                 program=None, solver: Mapping[str, Any] | None = None,
+                 breakdown: Sequence[CostItem] = (),
+                 memory_parts: Mapping[str, float] | None = None):
         self.mesh = mesh
         self.hardware = hardware
         self.arguments = tuple(arguments)
@@ -92,6 +95,8 @@ class Plan:
         self.donate_argnums = tuple(donate_argnums)
         self.solver = dict(solver or {})
         self._program = program   # (closed_jaxpr, in_tree, out_tree) when planned here
+        self.breakdown = tuple(breakdown)          # CostItem per (group, layer)
+        self.memory_parts = dict(memory_parts or {})  # arguments/outputs/temporaries bytes
 
     # -- shardings ---------------------------------------------------------------------
     def _sharding(self, spec: Spec) -> NamedSharding:
@@ -224,6 +229,8 @@ class Plan:
                            "out": [spec_to_json(s) for s in d.out_specs]}
                           for k, d in self.decisions.items()],
             "solver": self.solver,
+            "breakdown": [item.to_dict() for item in self.breakdown],
+            "memory_parts": self.memory_parts,
         }
 
     def to_json(self, indent: int | None = 1) -> str:
@@ -251,7 +258,9 @@ class Plan:
                        for x in d["decisions"]},
             cost=PlanCost(**d["cost"]), fingerprint=d["fingerprint"],
             memory_budget=d["memory_budget"], donate_argnums=tuple(d["donate_argnums"]),
-            solver=d.get("solver"))
+            solver=d.get("solver"),
+            breakdown=[CostItem.from_dict(x) for x in d.get("breakdown", ())],
+            memory_parts=d.get("memory_parts"))
 
     def __repr__(self) -> str:
         c = self.cost

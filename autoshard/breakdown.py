@@ -1,0 +1,205 @@
+"""breakdown: where a plan's predicted time and memory go, per layer and per collective.
+
+After solving, ``cost_breakdown`` turns the CostGraph and the chosen strategies into one
+``CostItem`` per (group, layer): the group's compute seconds, its collectives' seconds by
+kind, and the resharding its operands need. ``memory_parts`` splits the predicted peak
+into arguments, outputs and temporaries. Both travel on the ``Plan`` (``plan.breakdown``,
+``plan.memory_parts``) so views can draw them without the program.
+
+Layers are named after the parameters an equation reads: ``params['layers'][0]['wq']``
+belongs to layer ``params['layers'][0]``, the optimizer state of a parameter to the
+parameter's layer, and an equation reading no parameter to the layer of its largest
+operand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Mapping, Sequence
+
+from autoshard.cost import CostGraph, reshard_collectives
+
+KEY_PATTERN = re.compile(r"\[[^\]]*\]|\.[A-Za-z_]\w*")
+
+
+@dataclasses.dataclass(frozen=True)
+class CostItem:
+    """Predicted seconds per device of one group of equations in one layer.
+
+    ``comm_s_by_kind`` maps a collective kind ("all-reduce", "reduce-scatter", ...) to
+    the seconds the group's own collectives take; ``reshard_s`` is the time spent moving
+    its operands into the specs it wants. Seconds include loop trip counts; ``weight``
+    is how many times the group's first equation runs per call.
+    """
+
+    label: str
+    primitive: str
+    compute_s: float
+    comm_s_by_kind: Mapping[str, float]
+    reshard_s: float
+    weight: float = 1.0
+
+    @property
+    def comm_s(self) -> float:
+        return float(sum(self.comm_s_by_kind.values()))
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.comm_s + self.reshard_s
+
+    def to_dict(self) -> dict:
+        return {"label": self.label, "primitive": self.primitive, "compute_s": self.compute_s,
+                "comm_s_by_kind": dict(self.comm_s_by_kind), "reshard_s": self.reshard_s,
+                "weight": self.weight}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "CostItem":
+        return cls(d["label"], d["primitive"], float(d["compute_s"]),
+                   {k: float(v) for k, v in d["comm_s_by_kind"].items()},
+                   float(d["reshard_s"]), float(d.get("weight", 1.0)))
+
+
+# -- layers from argument paths ---------------------------------------------------------------
+
+def path_keys(path: str) -> tuple[str, tuple[str, ...]]:
+    """``"opt_state['m'][0].value"`` -> ``("opt_state", ("['m']", "[0]", ".value"))``."""
+    match = KEY_PATTERN.search(path)
+    head = path if match is None else path[:match.start()]
+    return head, tuple(KEY_PATTERN.findall(path[len(head):]))
+
+
+def layer_of(path: str) -> str:
+    """The layer an argument path belongs to.
+
+    Example::
+
+        layer_of("params['layers'][0]['wq']")        # "params['layers'][0]"
+        layer_of("params['ln_f']['scale']")          # "params['ln_f']"
+        layer_of("params['layers']['wq']")           # "params['layers']" (stacked layers)
+    """
+    head, keys = path_keys(path)
+    while keys and keys[-1].startswith("."):      # .value of nnx variables
+        keys = keys[:-1]
+    indices = [i for i, k in enumerate(keys) if re.fullmatch(r"\[\d+\]", k)]
+    if indices:
+        keys = keys[:indices[-1] + 1]
+    else:
+        keys = keys[:1]
+    return head + "".join(keys)
+
+
+def argument_layers(paths: Sequence[str]) -> list[str]:
+    """Per argument path, its layer; optimizer state joins the parameter it mirrors.
+
+    ``opt_state['m']['layers'][0]['wq']`` ends with the keys of
+    ``params['layers'][0]['wq']``, so both belong to ``params['layers'][0]``.
+    """
+    keyed = [path_keys(p) for p in paths]
+    by_keys: dict[tuple[str, ...], str] = {}
+    for path, (_, keys) in zip(paths, keyed):
+        if keys:
+            by_keys.setdefault(keys, path)
+    layers = []
+    for path, (_, keys) in zip(paths, keyed):
+        twin = path
+        for start in range(1, len(keys)):
+            if keys[start:] in by_keys and not keys[start:][0].startswith("."):
+                twin = by_keys[keys[start:]]
+                break
+        layers.append(layer_of(twin))
+    return layers
+
+
+def node_layers(cg: CostGraph) -> list[str]:
+    """A layer per node: from the parameters it reads, else from its largest operand;
+    equations without operands (iota, constants) join the layer of their first user."""
+    graph = cg.space.graph
+    arg_layer = dict(zip(graph.arg_nodes, argument_layers(graph.arg_paths)))
+    labels: list[str | None] = []
+    for node in graph.nodes:
+        if node.id in arg_layer:
+            labels.append(arg_layer[node.id])
+            continue
+        from_params, from_data = [], []
+        for value_id in node.operands:
+            if value_id is None:
+                continue
+            value = graph.values[value_id]
+            root = cg.groups[cg.group_of_node[value.producer]][0]
+            if root in arg_layer:
+                from_params.append((value.num_bytes, arg_layer[root]))
+            if value.producer < node.id and labels[value.producer] is not None:
+                from_data.append((value.num_bytes, labels[value.producer]))
+        found = from_params or from_data
+        labels.append(max(found, key=lambda t: t[0])[1] if found else None)
+    for node in reversed(graph.nodes):
+        if labels[node.id] is None:
+            users = [u for v in node.outputs for u, _ in graph.users[v]
+                     if labels[u] is not None]
+            labels[node.id] = labels[min(users)] if users else "(constants)"
+    return labels
+
+
+# -- the breakdown ------------------------------------------------------------------------------
+
+def cost_breakdown(cg: CostGraph, choice: Sequence[int]) -> tuple[CostItem, ...]:
+    """One CostItem per (group, layer) with any cost under ``choice``.
+
+    The items add up to the plan's cost: compute to ``PlanCost.compute_s``, collectives
+    plus resharding to ``PlanCost.comm_s``, resharding alone to ``PlanCost.reshard_s``.
+    """
+    graph = cg.space.graph
+    layers = node_layers(cg)
+    acc: dict[tuple[int, str], dict] = {}
+    for node in graph.nodes:
+        g = cg.group_of_node[node.id]
+        entry = acc.setdefault((g, layers[node.id]), {
+            "primitive": node.primitive, "weight": node.weight, "compute_s": 0.0,
+            "comm": {}, "reshard_s": 0.0, "heaviest": -1.0})
+        s = cg.node_strategy(node.id, choice)
+        entry["compute_s"] += s.compute_s
+        listed = 0.0
+        for c in s.collectives:
+            entry["comm"][c.kind] = entry["comm"].get(c.kind, 0.0) + c.seconds
+            listed += c.seconds
+        if s.comm_s - listed > 1e-18:
+            entry["comm"]["other"] = entry["comm"].get("other", 0.0) + s.comm_s - listed
+        entry["reshard_s"] += operand_reshard_seconds(cg, node, s, choice)
+        if s.seconds > entry["heaviest"] and node.kind == "eqn":
+            entry["primitive"], entry["weight"], entry["heaviest"] = (node.primitive,
+                                                                      node.weight, s.seconds)
+    items = []
+    for (_, label), e in acc.items():
+        if e["compute_s"] or e["comm"] or e["reshard_s"]:
+            items.append(CostItem(label, e["primitive"], e["compute_s"], e["comm"],
+                                  e["reshard_s"], e["weight"]))
+    return tuple(items)
+
+
+def operand_reshard_seconds(cg: CostGraph, node, strategy, choice) -> float:
+    """Seconds spent moving ``node``'s operands into the specs ``strategy`` wants."""
+    graph = cg.space.graph
+    seconds = 0.0
+    for i, value_id in enumerate(node.operands):
+        if value_id is None:
+            continue
+        value = graph.values[value_id]
+        have = cg.node_strategy(value.producer, choice).out_specs[value.index]
+        moves = reshard_collectives(value.shape, value.dtype, have, strategy.in_specs[i],
+                                    cg.space.axis_sizes, cg.space.hardware)
+        seconds += node.operand_weights[i] * sum(c.seconds for c in moves)
+    return seconds
+
+
+def memory_parts(cg: CostGraph, choice: Sequence[int], peak_bytes: float) -> dict[str, float]:
+    """The predicted peak bytes per device split into arguments, outputs and temporaries.
+
+    Outputs written into donated arguments count nothing of their own.
+    """
+    num_args = len(cg.space.graph.arg_nodes)
+    fixed = [float(cg.memory_terms[t].num_bytes[choice[cg.memory_terms[t].group]])
+             for t in cg.fixed_terms]
+    arguments, outputs = sum(fixed[:num_args]), sum(fixed[num_args:])
+    return {"arguments": arguments, "outputs": outputs,
+            "temporaries": max(float(peak_bytes) - arguments - outputs, 0.0)}
