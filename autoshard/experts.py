@@ -1,0 +1,292 @@
+"""Hand-written sharding plans, the way a practitioner writes them, for comparison.
+
+A plan here is a list of rules ``(regex, PartitionSpec)`` matched against each leaf's path
+(``"state['params']['blocks'][0]['attn']['query']['kernel']"``, the paths ``autoshard.plan``
+prints); the first rule whose regex is found in the path gives the leaf's spec. Specs may
+name mesh axes by *role*, so one rule list serves every mesh:
+
+- ``BATCH``: every mesh axis (data parallel splits the batch over all devices);
+- ``MODEL``: the tensor-parallel axis: the last axis of a 2-D mesh, or the only axis;
+- ``DATA``: every axis but the model axis (none on a 1-D mesh).
+
+Mesh axes that do not divide a dimension are dropped, so every plan is valid on any mesh.
+
+Example::
+
+    from autoshard import experts, models
+    case = models.train_case("gpt", "tiny")
+    mesh = autoshard.make_mesh((2, 4), ("data", "model"))
+    step = experts.jit_expert(case, mesh, "megatron")          # jax.jit with shardings
+    compiled = experts.compile_expert(case, mesh, "fsdp")      # from abstract args
+    report = autoshard.inspect.inspect(compiled, autoshard.H100, mesh)
+
+    rules = [(r"\\['(query|key|value)'\\]\\['kernel'\\]", P(None, experts.MODEL)),
+             (r".*", P())]
+    shardings = experts.shardings_from_rules(params, mesh, rules, prefix="params")
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+__all__ = [
+    "BATCH", "DATA", "MODEL", "Rule", "compile_expert", "data_parallel", "expert_parallel",
+    "fit_spec", "fsdp", "fsdp_tp", "inspect_expert", "jit_expert", "largest_dim_spec",
+    "leaf_paths", "megatron", "resolve_spec", "role_axes", "shardings_from_rules",
+    "standard_experts",
+]
+
+BATCH = "<batch>"
+"""Role: every mesh axis."""
+MODEL = "<model>"
+"""Role: the tensor-parallel axis (last axis of a 2-D mesh, or the only axis)."""
+DATA = "<data>"
+"""Role: every mesh axis but the model axis."""
+
+Rule = tuple[str, P]
+"""``(regex searched in the leaf path, PartitionSpec)``; the first match wins."""
+
+
+# --------------------------------------------------------------------------- specs
+
+
+def axis_sizes(mesh: Mesh) -> dict[str, int]:
+    return dict(zip(mesh.axis_names, mesh.devices.shape))
+
+
+def role_axes(mesh: Mesh, role: str) -> tuple[str, ...]:
+    """The mesh axes a role names (a plain axis name names itself).
+
+    Example::
+
+        role_axes(mesh_2x4, MODEL) == ("model",); role_axes(mesh_2x4, DATA) == ("data",)
+        role_axes(mesh_8, MODEL) == ("data",);    role_axes(mesh_8, DATA) == ()
+    """
+    names = tuple(mesh.axis_names)
+    if role == BATCH:
+        return names
+    if role == MODEL:
+        return names[-1:]
+    if role == DATA:
+        return names[:-1]
+    if role not in names:
+        raise ValueError(f"mesh has no axis {role!r} (axes: {names})")
+    return (role,)
+
+
+def resolve_spec(spec: P, mesh: Mesh) -> tuple[tuple[str, ...], ...]:
+    """A spec's entries as tuples of mesh axis names, roles resolved."""
+    out = []
+    for entry in spec:
+        entries = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        out.append(tuple(a for e in entries for a in role_axes(mesh, e)))
+    return tuple(out)
+
+
+def fit_spec(spec: P, shape: Sequence[int], mesh: Mesh) -> P:
+    """``spec`` with roles resolved and every axis that does not divide its dim dropped.
+
+    An axis is kept while the product of the kept axes divides the dim; an axis used by an
+    earlier dim is skipped; entries past the array's rank are ignored.
+
+    Example::
+
+        fit_spec(P(BATCH, None), (6, 16), mesh_2x4) == P("data", None)   # 4 does not divide 6
+    """
+    sizes = axis_sizes(mesh)
+    used: set[str] = set()
+    entries = []
+    for dim, axes in zip(shape, resolve_spec(spec, mesh)):
+        kept, product = [], 1
+        for a in axes:
+            if a in used or sizes[a] == 1 or dim % (product * sizes[a]):
+                continue
+            kept.append(a)
+            product *= sizes[a]
+        used.update(kept)
+        entries.append(None if not kept else kept[0] if len(kept) == 1 else tuple(kept))
+    while entries and entries[-1] is None:
+        entries.pop()
+    return P(*entries)
+
+
+def largest_dim_spec(shape: Sequence[int], mesh: Mesh, role: str = BATCH) -> P:
+    """ZeRO-3 spec: the largest dim that the role's axes divide, split over them.
+
+    When no dim takes all the axes, the dim taking the largest product of them wins.
+
+    Example::
+
+        largest_dim_spec((64, 256), mesh_2x4) == P(None, ("data", "model"))
+    """
+    axes = role_axes(mesh, role)
+    best, best_devices = P(), 1
+    for dim in sorted(range(len(shape)), key=lambda d: -shape[d]):
+        spec = fit_spec(P(*([None] * dim), axes), shape, mesh)
+        devices = math.prod(axis_sizes(mesh)[a] for e in spec if e
+                            for a in ((e,) if isinstance(e, str) else e))
+        if devices > best_devices:
+            best, best_devices = spec, devices
+    return best
+
+
+# --------------------------------------------------------------------------- rules
+
+
+def leaf_paths(tree: Any, prefix: str = "") -> list[str]:
+    """Each leaf's path as ``autoshard.plan`` prints it: ``prefix + keystr``."""
+    return [prefix + jax.tree_util.keystr(k) for k, _ in
+            jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def _map_with_path(fn: Callable[[str, Any], Any], tree: Any, prefix: str) -> Any:
+    return jax.tree_util.tree_map_with_path(
+        lambda k, x: fn(prefix + jax.tree_util.keystr(k), x), tree)
+
+
+def shardings_from_rules(tree: Any, mesh: Mesh, rules: Iterable[Rule | tuple[str, Callable]],
+                         *, prefix: str = "", default: P | Callable = P()) -> Any:
+    """A pytree of ``NamedSharding`` for ``tree`` from ``(regex, spec)`` rules.
+
+    A rule's spec may also be a function ``shape -> PartitionSpec``. Leaves no rule
+    matches get ``default``. Each spec is fitted to its leaf (see :func:`fit_spec`).
+
+    Example::
+
+        shardings_from_rules(params, mesh, [(r"\\['kernel'\\]$", P(None, MODEL))],
+                             prefix="params")
+    """
+    compiled = [(re.compile(pattern), spec) for pattern, spec in rules]
+
+    def one(path: str, leaf) -> NamedSharding:
+        spec = next((s for r, s in compiled if r.search(path)), default)
+        shape = tuple(leaf.shape)
+        if callable(spec):
+            spec = spec(shape)
+        return NamedSharding(mesh, fit_spec(spec, shape, mesh))
+
+    return _map_with_path(one, tree, prefix)
+
+
+def batch_shardings(batch: Any, mesh: Mesh, role: str = BATCH) -> Any:
+    """Every batch leaf split on its leading dim over the role's axes."""
+    return shardings_from_rules(batch, mesh, [], prefix="batch", default=P(role))
+
+
+# --------------------------------------------------------------------------- plans
+
+ExpertFn = Callable[[Mesh], Any]
+
+
+def data_parallel(state: Any, batch: Any) -> ExpertFn:
+    """Parameters and optimizer state replicated; the batch split over every axis."""
+    return lambda mesh: (shardings_from_rules(state, mesh, [], prefix="state"),
+                         batch_shardings(batch, mesh, BATCH))
+
+
+def fsdp(state: Any, batch: Any) -> ExpertFn:
+    """ZeRO-3: every state leaf split on its largest divisible dim over every axis."""
+    return lambda mesh: (
+        shardings_from_rules(state, mesh, [], prefix="state",
+                             default=lambda shape: largest_dim_spec(shape, mesh, BATCH)),
+        batch_shardings(batch, mesh, BATCH))
+
+
+def megatron(state: Any, batch: Any, tp_rules: Sequence[Rule]) -> ExpertFn:
+    """Tensor parallel by ``tp_rules`` (specs naming ``MODEL``); other leaves replicated;
+    the batch split over the remaining (``DATA``) axes."""
+    return lambda mesh: (shardings_from_rules(state, mesh, tp_rules, prefix="state"),
+                         batch_shardings(batch, mesh, DATA))
+
+
+def fsdp_tp(state: Any, batch: Any, tp_rules: Sequence[Rule]) -> ExpertFn:
+    """``tp_rules`` on the model axis, then each leaf's largest dim still free split over
+    the ``DATA`` axes (ZeRO-3 across data-parallel replicas); batch split on ``DATA``."""
+
+    def spec_for(mesh, path, shape):
+        tp = next((s for pattern, s in tp_rules if re.search(pattern, path)), P())
+        tp = fit_spec(tp, shape, mesh)
+        free = [d for d in sorted(range(len(shape)), key=lambda d: -shape[d])
+                if d >= len(tp) or tp[d] is None]
+        entries = list(tp) + [None] * (len(shape) - len(tp))
+        for d in free:
+            candidate = list(entries)
+            candidate[d] = DATA
+            fitted = fit_spec(P(*candidate), shape, mesh)
+            if fitted != fit_spec(P(*entries), shape, mesh):
+                return fitted
+        return fit_spec(P(*entries), shape, mesh)
+
+    def build(mesh):
+        state_sh = _map_with_path(
+            lambda path, x: NamedSharding(mesh, spec_for(mesh, path, tuple(x.shape))),
+            state, "state")
+        return state_sh, batch_shardings(batch, mesh, DATA)
+
+    return build
+
+
+def expert_parallel(state: Any, batch: Any, expert_rules: Sequence[Rule]) -> ExpertFn:
+    """Expert-stacked weights split on their expert dim over ``MODEL`` (``expert_rules``),
+    everything else replicated, the batch split over every axis: XLA moves tokens to
+    their experts' devices with all-to-all."""
+    return lambda mesh: (shardings_from_rules(state, mesh, expert_rules, prefix="state"),
+                         batch_shardings(batch, mesh, BATCH))
+
+
+def standard_experts(state: Any, batch: Any, tp_rules: Sequence[Rule] | None = None,
+                     expert_rules: Sequence[Rule] | None = None) -> dict[str, ExpertFn]:
+    """``data_parallel`` and ``fsdp``, plus ``megatron`` and ``fsdp_tp`` given tensor-parallel
+    rules, plus ``expert_parallel`` given expert rules."""
+    plans = {"data_parallel": data_parallel(state, batch), "fsdp": fsdp(state, batch)}
+    if tp_rules:
+        plans["megatron"] = megatron(state, batch, tp_rules)
+        plans["fsdp_tp"] = fsdp_tp(state, batch, tp_rules)
+    if expert_rules:
+        plans["expert_parallel"] = expert_parallel(state, batch, expert_rules)
+    return plans
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _abstract(tree: Any) -> Any:
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
+def jit_expert(case, mesh: Mesh, name: str, donate: bool = True):
+    """``jax.jit(case.train_step)`` with the expert's in_shardings and out_shardings
+    ``(state shardings, replicated loss)``.
+
+    Example::
+
+        step = jit_expert(case, mesh, "fsdp")
+        state, loss = step(*jax.device_put(case.args, case.experts["fsdp"](mesh)))
+    """
+    if name not in case.experts:
+        from autoshard.errors import InputError
+        raise InputError(f"{case.name} has no expert plan {name!r}; it has "
+                         f"{', '.join(case.experts)}")
+    in_shardings = case.experts[name](mesh)
+    out_shardings = (in_shardings[0], NamedSharding(mesh, P()))
+    return jax.jit(case.train_step, in_shardings=in_shardings, out_shardings=out_shardings,
+                   donate_argnums=tuple(case.donate_argnums) if donate else ())
+
+
+def compile_expert(case, mesh: Mesh, name: str, args: tuple | None = None,
+                   donate: bool = True):
+    """The expert plan compiled for ``args`` (default: ``case.args`` made abstract)."""
+    args = _abstract(case.args) if args is None else args
+    return jit_expert(case, mesh, name, donate).lower(*args).compile()
+
+
+def inspect_expert(case, mesh: Mesh, name: str, hardware=None, args: tuple | None = None):
+    """``autoshard.inspect.inspect`` of the compiled expert plan."""
+    from autoshard.hardware import H100
+    from autoshard.inspect import inspect
+    return inspect(compile_expert(case, mesh, name, args), hardware or H100, mesh)
