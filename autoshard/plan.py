@@ -208,6 +208,21 @@ class Plan:
                          "per step (its own and neighbouring costs, rest of the plan fixed)")
         return "\n".join(lines)
 
+    def diff(self, other, names: tuple[str, str] = ("this", "other"), show_all: bool = False):
+        """Where this plan and ``other`` (a Plan or an in_shardings pytree) differ, per path.
+
+        Example::
+
+            d = plan.diff(expert_in_shardings, names=("auto", "fsdp"))
+            d.changed      # paths whose specs differ; ``d`` renders as a table
+        """
+        from autoshard import viz
+        return viz.diff(self, other, names=names, show_all=show_all)
+
+    def _repr_html_(self) -> str:
+        from autoshard import viz
+        return viz.table(self)._repr_html_()
+
     # -- JSON --------------------------------------------------------------------------
     def to_dict(self) -> dict:
         return {
