@@ -1,0 +1,194 @@
+"""Start N processes of one command on this machine as one ``jax.distributed`` run.
+
+    python -m autoshard.launch -n 2 --devices-per-process 4 -- python train.py --steps 20
+
+Each process gets ``AUTOSHARD_COORDINATOR_ADDRESS`` (a free local port),
+``AUTOSHARD_NUM_PROCESSES``, ``AUTOSHARD_PROCESS_ID`` and
+``AUTOSHARD_DEVICES_PER_PROCESS``, which :func:`autoshard.distributed.initialize` reads,
+and ``JAX_PLATFORMS=cpu`` with gloo collectives unless ``--platform`` says otherwise.
+Output lines are prefixed ``[p0]``, ``[p1]``, ...; when one process fails the others
+are terminated and the launcher exits with the failing process's code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Sequence
+
+from autoshard.distributed import (ENV_COORDINATOR_ADDRESS, ENV_DEVICES_PER_PROCESS,
+                                   ENV_NUM_PROCESSES, ENV_PROCESS_ID)
+
+TERMINATE_GRACE_S = 5.0
+POLL_S = 0.05
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def process_env(process_id: int, num_processes: int, coordinator_address: str, *,
+                devices_per_process: int | None, platform: str | None,
+                base: dict | None = None) -> dict:
+    """The environment of process ``process_id``.
+
+    Example::
+
+        env = process_env(1, 2, "localhost:12345", devices_per_process=4, platform="cpu")
+        env["AUTOSHARD_PROCESS_ID"]   # '1'
+    """
+    env = dict(os.environ if base is None else base)
+    env[ENV_COORDINATOR_ADDRESS] = coordinator_address
+    env[ENV_NUM_PROCESSES] = str(num_processes)
+    env[ENV_PROCESS_ID] = str(process_id)
+    env["PYTHONUNBUFFERED"] = "1"
+    if devices_per_process is not None:
+        env[ENV_DEVICES_PER_PROCESS] = str(devices_per_process)
+    if platform:
+        env["JAX_PLATFORMS"] = platform
+    if platform == "cpu":
+        env["JAX_CPU_COLLECTIVES_IMPLEMENTATION"] = "gloo"
+    return env
+
+
+@dataclasses.dataclass
+class Child:
+    process_id: int
+    popen: subprocess.Popen
+    reader: threading.Thread
+
+
+def _stream(prefix: str, pipe, out, lock: threading.Lock) -> None:
+    for raw in iter(pipe.readline, b""):
+        line = raw.decode(errors="replace").rstrip("\n")
+        with lock:
+            out.write(f"{prefix}{line}\n")
+            out.flush()
+    pipe.close()
+
+
+def _start(command: Sequence[str], process_id: int, env: dict, out, lock) -> Child:
+    popen = subprocess.Popen(list(command), env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, start_new_session=True)
+    reader = threading.Thread(target=_stream, args=(f"[p{process_id}] ", popen.stdout, out, lock),
+                              daemon=True)
+    reader.start()
+    return Child(process_id, popen, reader)
+
+
+def _signal_group(child: Child, sig: int) -> None:
+    try:
+        os.killpg(child.popen.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def terminate(children: Sequence[Child], grace_s: float = TERMINATE_GRACE_S) -> None:
+    """SIGTERM every running child's process group, then SIGKILL after ``grace_s``."""
+    running = [c for c in children if c.popen.poll() is None]
+    for c in running:
+        _signal_group(c, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for c in running:
+        try:
+            c.popen.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal_group(c, signal.SIGKILL)
+            c.popen.wait()
+
+
+def launch(command: Sequence[str], num_processes: int, *, devices_per_process: int | None = None,
+           platform: str | None = "cpu", host: str = "localhost", port: int | None = None,
+           timeout_s: float | None = None, out=None) -> int:
+    """Run ``command`` as ``num_processes`` processes of one run; returns the exit code.
+
+    0 when every process exits 0; otherwise the first failure's code (or 124 on
+    ``timeout_s``), after terminating the processes still running.
+
+    Example::
+
+        code = launch(["python", "train.py"], 2, devices_per_process=4)
+    """
+    if num_processes < 1:
+        raise ValueError(f"num_processes must be >= 1, got {num_processes}")
+    if not command:
+        raise ValueError("no command to launch")
+    out = sys.stdout if out is None else out
+    lock = threading.Lock()
+    coordinator = f"{host}:{port or free_port()}"
+    children = [_start(command, pid, process_env(pid, num_processes, coordinator,
+                                                 devices_per_process=devices_per_process,
+                                                 platform=platform), out, lock)
+                for pid in range(num_processes)]
+    code = _wait(children, timeout_s, out, lock)
+    for c in children:
+        c.reader.join(timeout=2.0)
+    return code
+
+
+def _wait(children: Sequence[Child], timeout_s: float | None, out, lock) -> int:
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    try:
+        while True:
+            codes = [c.popen.poll() for c in children]
+            failed = [(c, rc) for c, rc in zip(children, codes) if rc not in (None, 0)]
+            if failed:
+                child, rc = failed[0]
+                with lock:
+                    out.write(f"[launch] process {child.process_id} exited with code {rc}; "
+                              "terminating the others\n")
+                    out.flush()
+                terminate(children)
+                return rc if rc > 0 else 128 - rc
+            if all(rc == 0 for rc in codes):
+                return 0
+            if deadline is not None and time.monotonic() > deadline:
+                with lock:
+                    out.write(f"[launch] timed out after {timeout_s:g} s; terminating\n")
+                    out.flush()
+                terminate(children)
+                return 124
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        terminate(children)
+        return 130
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m autoshard.launch",
+        description="Run a command as N processes of one jax.distributed run on this machine.")
+    p.add_argument("-n", "--num-processes", type=int, required=True)
+    p.add_argument("--devices-per-process", type=int, default=None,
+                   help="simulated CPU devices per process")
+    p.add_argument("--platform", default="cpu",
+                   help="JAX_PLATFORMS for the processes ('cpu'; '' leaves it unset)")
+    p.add_argument("--port", type=int, default=None, help="coordinator port (default: a free one)")
+    p.add_argument("--timeout", type=float, default=None, help="seconds before terminating all")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        parser().error("give the command to run after --")
+    return launch(command, args.num_processes, devices_per_process=args.devices_per_process,
+                  platform=args.platform or None, port=args.port, timeout_s=args.timeout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
