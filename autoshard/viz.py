@@ -39,9 +39,9 @@ from autoshard.plan import Plan
 from autoshard.specs import Spec
 
 __all__ = [
-    "BreakdownView", "CompareView", "DiffView", "MemoryView", "ShardingView", "TableView",
-    "View", "WhatIfView", "breakdown", "compare", "diff", "explain", "format_bytes",
-    "format_seconds", "memory", "sharding", "table", "what_if",
+    "BreakdownView", "CompareView", "DiffView", "MemoryView", "ScoreboardView", "ShardingView",
+    "TableView", "View", "WhatIfView", "breakdown", "compare", "diff", "explain",
+    "format_bytes", "format_seconds", "memory", "scoreboard", "sharding", "table", "what_if",
 ]
 
 MESH_SHAPES_8 = ((1, 8), (2, 4), (4, 2), (8, 1))
@@ -142,8 +142,9 @@ def budget_line(ax, budget_bytes: float | None, tallest: float, scale: float) ->
     return f"\n(budget {format_bytes(budget_bytes)} per device, off this scale)"
 
 
-def legend_below(ax, ncol: int = 3) -> None:
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=ncol,
+def legend_below(ax, ncol: int = 3, drop: float = 0.16) -> None:
+    """The legend under the axes (below the x label), out of the bars' way."""
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -drop), ncol=ncol,
               frameon=False)
 
 
@@ -184,6 +185,9 @@ class View:
         return buffer.getvalue()
 
     def __str__(self) -> str:
+        return self.text()
+
+    def __repr__(self) -> str:
         return self.text()
 
     def _repr_html_(self) -> str:
@@ -787,7 +791,7 @@ class CompareView(View):
         ax_t.set_xlabel("plan")
         ax_t.set_ylabel(f"compiled time per step per device ({unit})")
         ax_t.set_title("step time")
-        legend_below(ax_t)
+        legend_below(ax_t, drop=0.3)
         tallest = max(r["memory_bytes"] for r in rows)
         mscale, munit = bytes_unit(max(tallest, 1.0))
         ax_m.bar(np.arange(len(rows)), [r["memory_bytes"] / mscale for r in rows],
@@ -797,15 +801,21 @@ class CompareView(View):
         ax_m.set_xlabel("plan")
         ax_m.set_ylabel(f"bytes per device ({munit})")
         ax_m.set_title("memory (XLA's analysis)" + note)
-        legend_below(ax_m)
+        if ax_m.get_legend_handles_labels()[0][1:]:
+            legend_below(ax_m, drop=0.3)
         return fig
 
 
 def compile_report(fn: Callable, args: Sequence, candidate, mesh: Mesh | None, hardware):
-    """(compiled Report, predicted seconds or None) of a Plan or an in_shardings pytree."""
-    from autoshard.inspect import inspect
+    """(compiled Report, predicted seconds or None) of a candidate: a Plan, an
+    in_shardings pytree, a ``jax.stages.Compiled`` or an ``autoshard.inspect.Report``."""
+    from autoshard.inspect import Report, inspect
     if isinstance(candidate, Plan):
         return candidate.report(*args).compiled, candidate.cost.total_s
+    if isinstance(candidate, Report):
+        return candidate, None
+    if isinstance(candidate, jax.stages.Compiled):
+        return inspect(candidate, hardware, mesh), None
     leaves = [x for x in jax.tree.leaves(candidate, is_leaf=is_sharding_leaf)
               if isinstance(x, NamedSharding)]
     if mesh is None:
@@ -825,8 +835,10 @@ def compare(fn: Callable, *args, candidates: Mapping[str, Any], mesh: Mesh | Non
             hardware=None) -> CompareView:
     """Compile every candidate and price its program: the way a plan is judged.
 
-    ``candidates`` maps a name to a Plan or to an ``in_shardings`` pytree (an expert's
-    plan). Arguments may be abstract (``jax.ShapeDtypeStruct``): nothing runs.
+    ``candidates`` maps a name to a Plan, to an ``in_shardings`` pytree (an expert's
+    plan), or to a program already compiled (``jax.stages.Compiled``) or priced
+    (``autoshard.inspect.Report``). Arguments may be abstract (``jax.ShapeDtypeStruct``):
+    nothing runs.
 
     Example::
 
@@ -848,6 +860,87 @@ def compare(fn: Callable, *args, candidates: Mapping[str, Any], mesh: Mesh | Non
     budget = plans[0].memory_budget if plans else None
     title = f"plans compared on mesh {mesh_str(mesh)}" if mesh is not None else "plans compared"
     return CompareView(reports, predicted, budget, title)
+
+
+class ScoreboardView(View):
+    """Several programs' comparisons side by side, relative to the best reference plan."""
+
+    columns = ("program", "plan", "compiled total", "vs best expert", "compiled memory",
+               "vs best expert memory")
+    right_aligned = columns[2:]
+
+    def __init__(self, comparisons: Mapping[str, CompareView], candidate: str = "auto"):
+        self.comparisons = dict(comparisons)
+        self.candidate = candidate
+        self.title = f"{candidate} against the best other plan of each program (compiled)"
+
+    def rows(self) -> list[dict]:
+        out = []
+        for program, view in self.comparisons.items():
+            rows = view.rows()
+            others = [r for r in rows if r["plan"] != self.candidate]
+            best_t = min((r["total_s"] for r in others), default=None)
+            best_m = min((r["memory_bytes"] for r in others), default=None)
+            for r in rows:
+                out.append({"program": program, "plan": r["plan"], "total_s": r["total_s"],
+                            "memory_bytes": r["memory_bytes"],
+                            "time_ratio": r["total_s"] / best_t if best_t else None,
+                            "memory_ratio": r["memory_bytes"] / best_m if best_m else None})
+        return out
+
+    def cells(self, row: dict) -> list[str]:
+        ratio = lambda x: "" if x is None else f"{x:.2f}×"
+        return [row["program"], row["plan"], format_seconds(row["total_s"]),
+                ratio(row["time_ratio"]), format_bytes(row["memory_bytes"]),
+                ratio(row["memory_ratio"])]
+
+    def summary(self) -> list[dict]:
+        """Per program: the candidate's and the best other plan's compiled step time."""
+        out = []
+        for program in self.comparisons:
+            rows = [r for r in self.rows() if r["program"] == program]
+            mine = next((r for r in rows if r["plan"] == self.candidate), None)
+            others = [r for r in rows if r["plan"] != self.candidate]
+            best = min(others, key=lambda r: r["total_s"]) if others else None
+            out.append({"program": program, "best_other": best and best["plan"],
+                        "best_other_s": best and best["total_s"],
+                        "candidate_s": mine and mine["total_s"],
+                        "time_ratio": mine and mine["time_ratio"]})
+        return out
+
+    def plot(self):
+        """Compiled step time of every plan, relative to the best other plan per program."""
+        programs = list(self.comparisons)
+        plans = list(dict.fromkeys(r["plan"] for r in self.rows()))
+        width = 0.8 / max(len(plans), 1)
+        fig, (ax,) = new_figure(max(6, 1.6 * len(programs) + 3), 4.5)
+        rows = self.rows()
+        for k, name in enumerate(plans):
+            values = [next((r["time_ratio"] for r in rows if r["program"] == p
+                            and r["plan"] == name), None) for p in programs]
+            values = [np.nan if v is None else v for v in values]
+            color = COMPUTE_COLOR if name == self.candidate else None
+            ax.bar(np.arange(len(programs)) + (k - (len(plans) - 1) / 2) * width, values,
+                   width, label=name, color=color)
+        ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
+        ax.set_xticks(np.arange(len(programs)), programs)
+        ax.set_xlabel("program")
+        ax.set_ylabel("compiled step time / best other plan's (ratio)")
+        ax.set_title(self.title)
+        legend_below(ax, ncol=min(len(plans), 5))
+        return fig
+
+
+def scoreboard(comparisons: Mapping[str, CompareView], candidate: str = "auto") -> ScoreboardView:
+    """Put several ``compare`` views (one per program) side by side.
+
+    Example::
+
+        views = {name: viz.compare(...) for name in models.names()}
+        board = viz.scoreboard(views)        # table: each plan vs the best expert
+        board.plot()                         # ratios; 1.0 is the best expert
+    """
+    return ScoreboardView(comparisons, candidate)
 
 
 # -- one tensor across the mesh -----------------------------------------------------------------
