@@ -65,8 +65,20 @@ def pin_spec(path, pspec, shape, sizes) -> specs.Spec:
     return spec
 
 
+# Collective kinds each backend's XLA combines when they are independent of each other.
+COMBINED_COLLECTIVES = {"cpu": ("all-reduce",),
+                        "gpu": ("all-reduce", "all-gather", "reduce-scatter"),
+                        "tpu": ("all-reduce", "all-gather", "reduce-scatter")}
+
+
+def combined_collectives(mesh: Mesh) -> tuple[str, ...]:
+    platform = mesh.devices.flat[0].platform
+    return COMBINED_COLLECTIVES.get("gpu" if platform in ("cuda", "rocm") else platform, ())
+
+
 def build_request(cg: CostGraph, memory_budget, time_limit_s) -> Request:
     return Request(node_costs=cg.node_costs, edges=[(e.src, e.dst, e.cost) for e in cg.edges],
+                   shared_costs=[(c.seconds, c.members) for c in cg.shared_costs],
                    memory_terms=[(t.group, t.num_bytes) for t in cg.memory_terms],
                    fixed_terms=cg.fixed_terms, memory_rows=cg.memory_rows,
                    memory_budget=memory_budget, time_limit_s=time_limit_s)
@@ -121,6 +133,8 @@ def plan_cost(cg: CostGraph, choice, peak_bytes: float) -> PlanCost:
             reshard += node.operand_weights[i] * reshard_seconds(
                 value.shape, value.dtype, have, s.in_specs[i], cg.space.axis_sizes,
                 cg.space.hardware)
+    comm += sum(c.seconds for c in cg.shared_costs
+                if any(choice[g] == s for g, s in c.members))
     return PlanCost(compute_s=compute, comm_s=comm + reshard, memory_bytes=peak_bytes,
                     reshard_s=reshard)
 
@@ -210,7 +224,7 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
     graph = trace(fn, *args)
     traced = time.perf_counter()
     pinned = resolve_pins(pins, graph, sizes)
-    space = build_strategies(graph, sizes, hw, pinned)
+    space = build_strategies(graph, sizes, hw, pinned, combined_collectives(mesh))
     cg = build_cost_graph(space, donated_pairs(graph, tuple(donate_argnums)))
     request = build_request(cg, budget, time_limit_s)
     costed = time.perf_counter()
@@ -232,7 +246,8 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
             out_specs.append(specs.replicated(len(aval.shape)))
         else:
             out_specs.append(cg.node_strategy(node_id, choice).out_specs[0])
-    solver_info = {"status": result.status, "groups": cg.num_groups, "nodes": len(graph.nodes),
+    solver_info = {"status": result.status, "objective_s": result.objective,
+                   "groups": cg.num_groups, "nodes": len(graph.nodes),
                    "edges": len(cg.edges), "trace_s": traced - started,
                    "cost_s": costed - traced, "solve_s": solved - costed}
     return Plan(mesh=mesh, hardware=hw, arguments=argument_infos(cg, request, choice),

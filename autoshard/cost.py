@@ -79,6 +79,15 @@ class MemoryTerm:
     num_bytes: np.ndarray   # per strategy of the group, per device
 
 
+@dataclasses.dataclass(frozen=True)
+class SharedCost:
+    """Seconds paid once if any member (group, group strategy) is chosen: the latency of
+    one combined collective standing for all the like collectives it merges."""
+    key: tuple                              # (kind, mesh axes)
+    seconds: float
+    members: tuple[tuple[int, int], ...]
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class CostGraph:
     space: StrategySpace
@@ -90,6 +99,7 @@ class CostGraph:
     memory_terms: tuple[MemoryTerm, ...]
     fixed_terms: tuple[int, ...]                 # arguments and outputs: always resident
     memory_rows: tuple[tuple[int, ...], ...]     # temporaries live together at a point
+    shared_costs: tuple["SharedCost", ...] = ()  # latencies paid once for many collectives
 
     @property
     def num_groups(self) -> int:
@@ -101,12 +111,13 @@ class CostGraph:
 
 
 class _Builder:
-    def __init__(self, space: StrategySpace, donated_outputs: set[int]):
+    def __init__(self, space: StrategySpace, donated: Sequence[tuple[int, int]]):
         self.space = space
         self.graph = space.graph
         self.hw = space.hardware
         self.axis_sizes = space.axis_sizes
-        self.donated_outputs = donated_outputs
+        self.donated = tuple(donated)
+        self.donated_outputs = {k for k, _ in donated}
         self.group_of_node: list[int] = []
         self.groups: list[list[int]] = []
         self.choice: list[np.ndarray] = []
@@ -132,6 +143,10 @@ class _Builder:
                     best, best_bytes = i, self.graph.values[v].num_bytes
         if best is None:
             return None
+        producer = self.graph.values[node.operands[best]].producer
+        fixed = len(self.choice[self.groups[self.group_of_node[producer]][0]]) == 1
+        if fixed and len(self.space.strategies[node.id]) > 1:
+            return None   # a group with one strategy would decide this node's alone
         out_bytes = max(self.graph.values[o].num_bytes for o in node.outputs)
         return best if out_bytes <= best_bytes else None
 
@@ -144,8 +159,14 @@ class _Builder:
         for s in range(len(self.choice[self.groups[g][0]])):
             src = self.out_spec(u, s, value.index)
             if src not in by_spec:
-                costs = [self.reshard(value.id, src, t.in_specs[i]) + t.seconds for t in strategies]
-                by_spec[src] = int(np.argmin(costs))
+                # take the operand as it comes when a strategy can; slicing it further
+                # is a decision for the solver, not for a follower
+                same = [k for k, t in enumerate(strategies) if t.in_specs[i] == src]
+                if same:
+                    by_spec[src] = min(same, key=lambda k: strategies[k].seconds)
+                else:
+                    by_spec[src] = int(np.argmin([self.reshard(value.id, src, t.in_specs[i])
+                                                  + t.seconds for t in strategies]))
             picks.append(by_spec[src])
         return np.asarray(picks, dtype=np.int32)
 
@@ -187,7 +208,29 @@ class _Builder:
                     edges[(gv, gu)] += matrix.T
                 else:
                     edges[(gu, gv)] = edges.get((gu, gv), 0) + matrix
+        for (u, v), m in self.donation_edges():
+            if u == v:
+                node_costs[u] += np.diag(m)
+            elif (v, u) in edges:
+                edges[(v, u)] += m.T
+            else:
+                edges[(u, v)] = edges.get((u, v), 0) + m
         return node_costs, [Edge(u, v, m) for (u, v), m in edges.items()]
+
+    def donation_edges(self):
+        """A donated argument and the output written into its buffer keep one spec: the
+        next step takes that output back as this argument, and XLA aliases only buffers
+        sharded alike."""
+        graph = self.graph
+        for k, arg_node in self.donated:
+            out_node = graph.output_nodes[k]
+            if out_node is None:
+                continue
+            gu, gv = self.group_of_node[arg_node], self.group_of_node[out_node]
+            srcs = [self.out_spec(arg_node, s, 0) for s in range(self.group_size(gu))]
+            dsts = [self.out_spec(out_node, s, 0) for s in range(self.group_size(gv))]
+            yield (gu, gv), np.array([[0.0 if a == b else DONATION_MISMATCH_SECONDS
+                                       for b in dsts] for a in srcs])
 
     def edge_matrix(self, value, node, i) -> np.ndarray:
         gu = self.group_of_node[value.producer]
@@ -202,6 +245,19 @@ class _Builder:
                           for a in src_keys])
         return small[np.ix_(src_idx.ravel(), dst_idx.ravel())]
 
+    def build_shared_costs(self) -> tuple[SharedCost, ...]:
+        members: dict[tuple, set] = {}
+        for node in self.graph.nodes:
+            strategies = self.space.strategies[node.id]
+            if not any(s.combined for s in strategies):
+                continue
+            g = self.group_of_node[node.id]
+            for s, k in enumerate(self.choice[node.id]):
+                for key in strategies[k].combined:
+                    members.setdefault(key, set()).add((g, s))
+        return tuple(SharedCost(key, self.hw.link_latency, tuple(sorted(m)))
+                     for key, m in sorted(members.items()))
+
     # -- memory --
     def value_bytes(self, value_id: int) -> MemoryTerm:
         value = self.graph.values[value_id]
@@ -211,6 +267,25 @@ class _Builder:
                                                      self.axis_sizes)
                               for s in range(self.group_size(g))])
         return MemoryTerm(g, num_bytes)
+
+    def combined_terms(self) -> list[MemoryTerm]:
+        """A combined collective runs once all its parts are ready: every part's input and
+        result buffers are live together at that point."""
+        terms = []
+        for node in self.graph.nodes:
+            strategies = self.space.strategies[node.id]
+            if not any(s.combined for s in strategies):
+                continue
+            g = self.group_of_node[node.id]
+            num_bytes = np.zeros(self.group_size(g))
+            for s, k in enumerate(self.choice[node.id]):
+                if strategies[k].combined:
+                    num_bytes[s] = sum(c.num_bytes for c in strategies[k].collectives) + sum(
+                        specs.per_device_bytes(self.graph.values[v].shape,
+                                               self.graph.values[v].dtype, spec, self.axis_sizes)
+                        for v, spec in zip(node.outputs, strategies[k].out_specs))
+            terms.append(MemoryTerm(g, num_bytes))
+        return terms
 
     def build_memory(self):
         graph = self.graph
@@ -222,8 +297,12 @@ class _Builder:
             resident.add(value_id)
             fixed.append(len(terms))
             terms.append(self.value_bytes(value_id))
+        aliased = set()   # written in place into a donated argument's buffer
         for k, value_id in enumerate(graph.outputs):
-            if value_id is None or k in self.donated_outputs:
+            if value_id is None:
+                continue
+            if k in self.donated_outputs:
+                aliased.add(value_id)
                 continue
             resident.add(value_id)
             fixed.append(len(terms))
@@ -234,7 +313,7 @@ class _Builder:
             last_use[value.id] = max([value.producer, *users])
         births: dict[int, list[int]] = {}
         for value in graph.values:
-            if value.id in resident or not self.space.materialized[value.id]:
+            if value.id in resident | aliased or not self.space.materialized[value.id]:
                 continue
             if graph.nodes[value.producer].kind == "boundary":
                 continue  # a loop seam aliases the buffer it connects
@@ -254,17 +333,27 @@ class _Builder:
             if dying:
                 rows.append(tuple(sorted(term_of_value[v] for v in live)))
                 live -= set(dying)
+        combined = self.combined_terms()
+        if combined:
+            rows.append(tuple(range(len(terms), len(terms) + len(combined))))
+            terms += combined
         unique_rows = tuple(dict.fromkeys(rows))
         return tuple(terms), tuple(fixed), unique_rows
 
+
+# A donated argument whose output comes back in another spec is refused at this price.
+DONATION_MISMATCH_SECONDS = 1e3
 
 # Between plans of equal time, prefer the one that keeps fewer bytes per device.
 TIEBREAK_SECONDS_PER_BYTE = 1e-15
 
 
-def build_cost_graph(space: StrategySpace, donated_outputs: Sequence[int] = ()) -> CostGraph:
-    """Group followers, then price every group and every edge between groups."""
-    builder = _Builder(space, set(donated_outputs))
+def build_cost_graph(space: StrategySpace,
+                     donated: Sequence[tuple[int, int]] = ()) -> CostGraph:
+    """Group followers, then price every group and every edge between groups.
+
+    ``donated`` pairs an output index with the argument node whose buffer it reuses."""
+    builder = _Builder(space, donated)
     builder.build_groups()
     node_costs, edges = builder.build_costs()
     terms, fixed, rows = builder.build_memory()
@@ -274,4 +363,4 @@ def build_cost_graph(space: StrategySpace, donated_outputs: Sequence[int] = ()) 
                      groups=tuple(tuple(g) for g in builder.groups),
                      choice=tuple(builder.choice), node_costs=tuple(node_costs),
                      edges=tuple(edges), memory_terms=terms, fixed_terms=fixed,
-                     memory_rows=rows)
+                     memory_rows=rows, shared_costs=builder.build_shared_costs())

@@ -31,6 +31,8 @@ class Request:
     memory_rows: Sequence[Sequence[int]] = ()             # terms live together
     memory_budget: float | None = None                    # bytes per device
     allowed: Sequence[np.ndarray | None] = ()             # per group: allowed strategies
+    # (seconds, members): paid once if any member (group, strategy) is chosen
+    shared_costs: Sequence[tuple[float, Sequence[tuple[int, int]]]] = ()
     time_limit_s: float = 60.0
 
 
@@ -53,7 +55,13 @@ def evaluate(request: Request, choice: Sequence[int]) -> tuple[float, float]:
     """(seconds, peak bytes per device) of ``choice``, recomputed from the request."""
     seconds = sum(float(c[choice[g]]) for g, c in enumerate(request.node_costs))
     seconds += sum(float(m[choice[u], choice[v]]) for u, v, m in request.edges)
+    seconds += shared_seconds(request, choice)
     return seconds, peak_memory(request, choice)
+
+
+def shared_seconds(request: Request, choice) -> float:
+    return sum(seconds for seconds, members in request.shared_costs
+               if any(choice[g] == s for g, s in members))
 
 
 def term_values(request: Request, choice) -> np.ndarray:
@@ -149,8 +157,20 @@ class _Ilp:
                 for t in np.flatnonzero(col_of_t == c):
                     rows.append(row); cols.append(self.offsets[v] + t); vals.append(-1.0)
                 lower.append(0.0); upper.append(0.0); row += 1
+        shared_costs = []
+        for seconds, members in request.shared_costs:   # y >= sum_s x[g, s] per group
+            by_group: dict[int, list[int]] = {}
+            for g, s in members:
+                by_group.setdefault(g, []).append(s)
+            for g, strategies in by_group.items():
+                rows.append(row); cols.append(next_var); vals.append(1.0)
+                for s in strategies:
+                    rows.append(row); cols.append(self.offsets[g] + s); vals.append(-1.0)
+                lower.append(0.0); upper.append(np.inf); row += 1
+            shared_costs.append(np.array([seconds * SECONDS_SCALE]))
+            next_var += 1
         self.num_vars = next_var
-        self.cost = np.concatenate(cost + edge_costs) if edge_costs else np.concatenate(cost)
+        self.cost = np.concatenate(cost + edge_costs + shared_costs)
         self.rows, self.cols, self.vals = rows, cols, vals
         self.lower, self.upper, self.num_rows = lower, upper, row
         self.integrality = np.zeros(self.num_vars)

@@ -40,6 +40,9 @@ class Strategy:
     compute_s: float
     comm_s: float
     collectives: tuple[Collective, ...] = ()
+    # collectives XLA's combiner merges with their like: their latency is paid once per
+    # (kind, axes) for the whole program, not in comm_s
+    combined: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def seconds(self) -> float:
@@ -86,8 +89,16 @@ def strategy_name(split) -> str:
     return ",".join(f"{l}={'+'.join(ax)}" for l, ax in sorted(split.items())) or "replicated"
 
 
-def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, space_ctx) -> list[Strategy]:
-    axis_sizes, hw, materialized = space_ctx
+@dataclasses.dataclass(frozen=True)
+class _Context:
+    axis_sizes: Mapping[str, int]
+    hardware: Hardware
+    materialized: tuple            # (per operand: read from memory, per result: written)
+    combined_kinds: frozenset      # collective kinds this node's reductions combine
+
+
+def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, ctx) -> list[Strategy]:
+    axis_sizes, hw, materialized = ctx.axis_sizes, ctx.hardware, ctx.materialized
     result = []
     for split in assignments(einsum, axis_sizes):
         in_specs = tuple(term_spec(t, split) if v is not None else None
@@ -95,16 +106,19 @@ def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, space_
         out_specs = [term_spec(t, split) for t in einsum.outputs]
         iteration_shards = math.prod(group_of(ax, axis_sizes) for ax in split.values())
         flops = einsum.flops / iteration_shards
-        in_bytes = sum(specs.per_device_bytes(s, d, sp or specs.replicated(len(s)), axis_sizes)
-                       for s, d, sp in zip(node.operand_shapes, node.operand_dtypes,
-                                           in_specs if in_specs else ()))
+        in_bytes_each = [specs.per_device_bytes(s, d, sp or specs.replicated(len(s)), axis_sizes)
+                         for s, d, sp in zip(node.operand_shapes, node.operand_dtypes, in_specs)]
+        in_bytes = sum(in_bytes_each)
         out_bytes = [specs.per_device_bytes(s, d, sp, axis_sizes)
                      for s, d, sp in zip(out_shapes, out_dtypes, out_specs)]
-        if einsum.fusible:
-            touched = sum(b for b, m in zip(out_bytes, materialized) if m)
+        if einsum.fusible:   # a fusion reads its materialized inputs, writes its outputs
+            touched = (sum(b for b, m in zip(out_bytes, materialized[1]) if m)
+                       + sum(b for b, m in zip(in_bytes_each, materialized[0]) if m))
         else:
             touched = in_bytes + sum(out_bytes)
         compute_s = hw.compute_seconds(flops, touched) * node.weight
+        if node.kind in ("output", "boundary"):
+            compute_s = 0.0   # plumbing: the value's producer already wrote it
         partial_axes = tuple(a for a in axis_sizes
                              for l in einsum.reduce if a in split.get(l, ()))
         name = strategy_name(split)
@@ -112,23 +126,30 @@ def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, space_
             result.append(Strategy(name, in_specs, tuple(out_specs), compute_s, 0.0))
             continue
         result += reduction_variants(node, name, in_specs, out_specs, out_shapes, out_bytes,
-                                     partial_axes, compute_s, einsum.reduce_op, axis_sizes, hw)
+                                     partial_axes, compute_s, einsum.reduce_op, ctx)
     return result
 
 
 def reduction_variants(node, name, in_specs, out_specs, out_shapes, out_bytes, partial_axes,
-                       compute_s, reduce_op, axis_sizes, hw) -> list[Strategy]:
+                       compute_s, reduce_op, ctx) -> list[Strategy]:
     """A split contraction: all-reduce the partial result, or reduce-scatter it onto a dim."""
+    axis_sizes, hw = ctx.axis_sizes, ctx.hardware
     n = group_of(partial_axes, axis_sizes)
     bw = hw.group_bandwidth(partial_axes)
     num_bytes = out_bytes[0]
-    ar = hwlib.all_reduce_seconds(num_bytes, n, bw, hw.link_latency) * node.weight
+
+    def priced(kind, seconds_fn):
+        seconds = seconds_fn(num_bytes, n, bw, hw.link_latency) * node.weight
+        if kind in ctx.combined_kinds:   # the combiner pays the latency once for all
+            return seconds - hw.link_latency, ((kind, partial_axes),)
+        return seconds, ()
+    ar, ar_combined = priced("all-reduce", hwlib.all_reduce_seconds)
     variants = [Strategy(name + f" all-reduce({'+'.join(partial_axes)})", in_specs,
                          tuple(out_specs), compute_s, ar,
-                         (Collective("all-reduce", partial_axes, num_bytes, ar),))]
+                         (Collective("all-reduce", partial_axes, num_bytes, ar),), ar_combined)]
     if reduce_op != "sum" or len(out_specs) != 1:
         return variants
-    rs = hwlib.reduce_scatter_seconds(num_bytes, n, bw, hw.link_latency) * node.weight
+    rs, rs_combined = priced("reduce-scatter", hwlib.reduce_scatter_seconds)
     out = out_specs[0]
     for d, size in enumerate(out_shapes[0]):
         scattered = out[d] + partial_axes
@@ -136,7 +157,8 @@ def reduction_variants(node, name, in_specs, out_specs, out_shapes, out_bytes, p
             spec = out[:d] + (scattered,) + out[d + 1:]
             variants.append(Strategy(name + f" reduce-scatter({'+'.join(partial_axes)})->{d}",
                                      in_specs, (spec,), compute_s, rs,
-                                     (Collective("reduce-scatter", partial_axes, num_bytes, rs),)))
+                                     (Collective("reduce-scatter", partial_axes, num_bytes, rs),),
+                                     rs_combined))
     return variants
 
 
@@ -187,10 +209,29 @@ def materialized_values(graph: Graph, einsums) -> list[bool]:
     return flags
 
 
+CONTRACTIONS = ("dot_general", "conv_general_dilated")
+
+
+def trailing_nodes(graph: Graph) -> list[bool]:
+    """Nodes no contraction depends on (weight gradients feeding an optimizer update):
+    their collectives are independent of each other, so XLA's combiner merges them."""
+    trailing = [True] * len(graph.nodes)
+    for node in reversed(graph.nodes):
+        for value_id in node.outputs:
+            for user, _ in graph.users[value_id]:
+                u = graph.nodes[user]
+                if u.primitive in CONTRACTIONS or not trailing[user] or u.weight != 1:
+                    trailing[node.id] = False
+    return trailing
+
+
 def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
-                     pins: Mapping[int, Spec] | None = None) -> StrategySpace:
-    """Enumerate every node's strategies. ``pins`` maps arg/output node ids to a fixed spec."""
+                     pins: Mapping[int, Spec] | None = None,
+                     combined_kinds: tuple[str, ...] = ()) -> StrategySpace:
+    """Enumerate every node's strategies. ``pins`` maps arg/output node ids to a fixed spec;
+    ``combined_kinds`` are the collective kinds the backend's combiner merges."""
     pins = pins or {}
+    trailing = trailing_nodes(graph) if combined_kinds else [False] * len(graph.nodes)
     einsums = []
     for node in graph.nodes:
         if node.kind in ("arg", "const"):
@@ -207,7 +248,10 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
         elif node.kind == "const":
             found = value_strategies(out_values[0].shape, {})
         else:
-            ctx = (axis_sizes, hw, [materialized[v.id] for v in out_values])
+            reads = [v is not None and materialized[v] for v in node.operands]
+            combines = frozenset(combined_kinds) if trailing[node.id] and node.weight == 1 else frozenset()
+            ctx = _Context(axis_sizes, hw, (reads, [materialized[v.id] for v in out_values]),
+                           combines)
             found = einsum_strategies(node, einsum, [v.shape for v in out_values],
                                       [v.dtype for v in out_values], ctx)
             if node.id in pins:  # filter before prune's cap, so a pinned spec survives it
