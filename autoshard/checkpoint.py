@@ -85,8 +85,10 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep, create=True, cleanup_tmp_directories=True,
             enable_async_checkpointing=async_save)
-        self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                              item_names=(STATE_ITEM, RECORD_ITEM))
+        self._manager = ocp.CheckpointManager(
+            self.directory, options=options,
+            item_handlers={STATE_ITEM: ocp.StandardCheckpointHandler(),
+                           RECORD_ITEM: ocp.JsonCheckpointHandler()})
 
     # -- saving ---------------------------------------------------------------------------
     def save(self, step: int, state, *, data_position: int | None = None,

@@ -134,7 +134,7 @@ def process_info() -> ProcessInfo:
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
                process_id: int | None = None, *, devices_per_process: int | None = None,
-               cpu_collectives: str = "gloo", timeout_s: int = 300,
+               local_device_ids: Sequence[int] | None = None, cpu_collectives: str = "gloo", timeout_s: int = 300,
                shutdown_timeout_s: int = 60) -> ProcessInfo:
     """Join the multi-process run this process belongs to, or run alone.
 
@@ -142,7 +142,9 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     ``AUTOSHARD_NUM_PROCESSES``, ``AUTOSHARD_PROCESS_ID`` and
     ``AUTOSHARD_DEVICES_PER_PROCESS`` (set by ``python -m autoshard.launch``), then from
     the cluster JAX detects (SLURM, Open MPI, Cloud TPU). With none of them, the
-    process runs alone and nothing is initialized. ``devices_per_process`` sets the
+    process runs alone and nothing is initialized. ``local_device_ids`` (or
+    ``JAX_LOCAL_DEVICE_IDS``) picks the GPUs this process drives; under SLURM JAX
+    otherwise gives each process the one GPU of its local rank. ``devices_per_process`` sets the
     number of simulated CPU devices (ignored by GPU and TPU backends); CPU collectives
     across processes use ``cpu_collectives`` (gloo over TCP). Call it before any JAX
     computation; calling it again returns the current state.
@@ -177,6 +179,8 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
                                   shutdown_timeout_seconds=int(shutdown_timeout_s))
     if explicit:
         kwargs["cluster_detection_method"] = "deactivate"
+    if local_device_ids is not None:
+        kwargs["local_device_ids"] = list(local_device_ids)
     try:
         jax.distributed.initialize(coordinator_address, num_processes, process_id, **kwargs)
     except (ValueError, RuntimeError) as e:

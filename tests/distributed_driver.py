@@ -21,6 +21,8 @@ from autoshard import distributed
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser()
+    p.add_argument("--model", default="gpt",
+                   help="a zoo model (tiny size) or 'lm' for the plain-JAX LM of the test programs")
     p.add_argument("--mesh", default="2x4")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--batch", type=int, default=8)
@@ -50,8 +52,10 @@ def mesh_from(text: str):
     return autoshard.make_mesh(shape, names)
 
 
-def make_case(batch: int):
+def make_case(model: str, batch: int):
     """(train_step(state, batch) -> (state, loss), state, make_batch(step))."""
+    if model != "lm":
+        return zoo_case(model, batch)
     import numpy as np
     from autoshard.testing.programs import transformer_train_step
     program = transformer_train_step(batch=batch)
@@ -68,6 +72,20 @@ def make_case(batch: int):
         return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
 
     return train_step, {"params": params, "opt_state": opt_state}, make_batch
+
+
+def zoo_case(model: str, batch: int):
+    """A tiny zoo model; ``batch`` rows of the zoo's deterministic batch of each step."""
+    from autoshard import models
+    case = models.train_case(model, "tiny")
+
+    def make_batch(step: int):
+        import jax
+        import numpy as np
+        full = jax.tree_util.tree_map(np.asarray, case.make_batch(step))
+        return jax.tree_util.tree_map(lambda x: x[:batch], full)
+
+    return case.train_step, case.state, make_batch
 
 
 def crash_in_save_of(step: int) -> None:
@@ -105,7 +123,7 @@ def main(argv=None) -> int:
     if args.batch_for_process:
         pid, size = (int(v) for v in args.batch_for_process.split("="))
         batch = size if pid == info.process_id else batch
-    train_step, state, make_batch = make_case(batch)
+    train_step, state, make_batch = make_case(args.model, batch)
     mesh = mesh_from(args.mesh)
     print(f"process {info.process_id}/{info.num_processes}: {jax.local_device_count()} local of "
           f"{jax.device_count()} devices, mesh {args.mesh}", flush=True)
