@@ -212,6 +212,24 @@ def _path_str(path) -> str:
     return "/".join(parts)
 
 
+def restore_latest(ckpt: Checkpointer, state) -> tuple[Any, int | None]:
+    """The latest complete checkpoint read into ``state``'s shardings, and its data position.
+
+    ``state`` holds arrays placed as the step function wants them (or a target of
+    :func:`abstract_state`). Returns ``(state, None)`` unchanged when there is no checkpoint.
+
+    Example::
+
+        state, position = restore_latest(ckpt, state)
+        start = 0 if position is None else position
+    """
+    step = ckpt.latest_step()
+    if step is None:
+        return state, None
+    restored, record = ckpt.restore(step, state)
+    return restored, int(record.get("data_position", step))
+
+
 def latest_step(directory: str | os.PathLike) -> int | None:
     """The newest complete checkpoint's step in ``directory``; ``None`` when there is none.
 

@@ -44,10 +44,9 @@ import numpy as np
 from autoshard import specs
 from autoshard.errors import AutoshardError
 
-ENV_COORDINATOR_ADDRESS = "AUTOSHARD_COORDINATOR_ADDRESS"
-ENV_NUM_PROCESSES = "AUTOSHARD_NUM_PROCESSES"
-ENV_PROCESS_ID = "AUTOSHARD_PROCESS_ID"
-ENV_DEVICES_PER_PROCESS = "AUTOSHARD_DEVICES_PER_PROCESS"
+from autoshard.launch import (ENV_COORDINATOR_ADDRESS, ENV_DEVICES_PER_PROCESS,  # noqa: F401
+                              ENV_NUM_PROCESSES, ENV_PROCESS_ID)
+
 KV_PREFIX = "autoshard"
 
 
@@ -379,6 +378,11 @@ def agree_on_plan(result, fn, *args, timeout_s: float = 60.0):
     if plan_hash(adopted) != described[0]["hash"]:
         raise PlanMismatchError(f"process {info.process_id} could not adopt process 0's plan "
                                 f"(hash {plan_hash(adopted)} vs {described[0]['hash']})")
+    import warnings
+    warnings.warn(f"process {info.process_id} adopted process 0's plan: same program, but the "
+                  f"solver chose another plan of equal cost (hash "
+                  f"{described[info.process_id]['hash']} vs {described[0]['hash']})",
+                  stacklevel=2)
     return adopted
 
 

@@ -23,8 +23,11 @@ import threading
 import time
 from typing import Sequence
 
-from autoshard.distributed import (ENV_COORDINATOR_ADDRESS, ENV_DEVICES_PER_PROCESS,
-                                   ENV_NUM_PROCESSES, ENV_PROCESS_ID)
+# The variables autoshard.distributed.initialize() reads (this module imports no jax).
+ENV_COORDINATOR_ADDRESS = "AUTOSHARD_COORDINATOR_ADDRESS"
+ENV_NUM_PROCESSES = "AUTOSHARD_NUM_PROCESSES"
+ENV_PROCESS_ID = "AUTOSHARD_PROCESS_ID"
+ENV_DEVICES_PER_PROCESS = "AUTOSHARD_DEVICES_PER_PROCESS"
 
 TERMINATE_GRACE_S = 5.0
 POLL_S = 0.05
@@ -77,9 +80,19 @@ def _stream(prefix: str, pipe, out, lock: threading.Lock) -> None:
     pipe.close()
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM when the launcher dies (Linux)."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _start(command: Sequence[str], process_id: int, env: dict, out, lock) -> Child:
     popen = subprocess.Popen(list(command), env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, start_new_session=True)
+                             stderr=subprocess.STDOUT, start_new_session=True,
+                             preexec_fn=_die_with_parent if sys.platform == "linux" else None)
     reader = threading.Thread(target=_stream, args=(f"[p{process_id}] ", popen.stdout, out, lock),
                               daemon=True)
     reader.start()
@@ -136,8 +149,14 @@ def launch(command: Sequence[str], num_processes: int, *, devices_per_process: i
     return code
 
 
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def _wait(children: Sequence[Child], timeout_s: float | None, out, lock) -> int:
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         while True:
             codes = [c.popen.poll() for c in children]
