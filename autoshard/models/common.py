@@ -48,9 +48,9 @@ def init_params(abstract: Any, seed: int, fan_in: Callable[[str, tuple], int] = 
         path = jax.tree_util.keystr(key_path)
         shape, dtype = tuple(x.shape), np.dtype(x.dtype)
         if path.endswith("['scale']"):
-            return jnp.ones(shape, dtype)
+            return jnp.asarray(np.ones(shape, dtype))
         if path.endswith("['bias']"):
-            return jnp.zeros(shape, dtype)
+            return jnp.asarray(np.zeros(shape, dtype))
         if "embed" in path.rsplit("[", 1)[-1] or path.endswith("['embedding']"):
             std = embed_std
         else:
@@ -111,8 +111,12 @@ def initial_state(params: Any, tx: optax.GradientTransformation, batch_stats: An
         state = {"params": params, "opt_state": jax.eval_shape(tx.init, params),
                  "step": jax.ShapeDtypeStruct((), jnp.int32)}
     else:
-        state = {"params": params, "opt_state": tx.init(params),
-                 "step": jnp.zeros((), jnp.int32)}
+        # The adam family starts from zeros (count, moments); filling zeros on the host
+        # avoids compiling one XLA program per parameter shape.
+        opt_state = jax.tree.map(lambda x: jnp.asarray(np.zeros(x.shape, x.dtype)),
+                                 jax.eval_shape(tx.init, params))
+        state = {"params": params, "opt_state": opt_state,
+                 "step": jnp.asarray(np.zeros((), np.int32))}
     if batch_stats is not None:
         state["batch_stats"] = batch_stats
     return state
@@ -148,8 +152,8 @@ def build_case(*, model: str, size: str, module: nnx.Module, tx: optax.GradientT
         params = init_params(params, seed, fan_in)
         if stats is not None:
             stats = jax.tree_util.tree_map_with_path(
-                lambda k, x: (jnp.ones if jax.tree_util.keystr(k).endswith("['var']")
-                              else jnp.zeros)(x.shape, x.dtype), stats)
+                lambda k, x: jnp.asarray((np.ones if jax.tree_util.keystr(k).endswith(
+                    "['var']") else np.zeros)(x.shape, x.dtype)), stats)
     state = initial_state(params, tx, stats, abstract)
     batch_shapes = jax.eval_shape(make, jax.random.key(0))
     make_batch = batch_maker(make, batch_shapes, seed + 1, abstract)

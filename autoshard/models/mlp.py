@@ -58,10 +58,15 @@ class MLP(nnx.Module):
 
 def class_batch(cfg_batch: int, shape: tuple, classes: int, seed: int, noise: float = 1.0):
     """``make(key) -> {'x', 'y'}``: ``x = prototype[y] + noise * N(0, 1)`` with fixed random
-    class prototypes, so the classes are learnable from the first steps."""
-    prototypes = jax.random.normal(jax.random.key(seed + 104729), (classes, *shape))
+    class prototypes, so the classes are learnable from the first steps. Image prototypes
+    (``shape`` of rank 3, HWC) also carry a per-class colour shared by all pixels, which
+    survives global pooling."""
 
     def make(key):
+        k_proto, k_colour = jax.random.split(jax.random.key(seed + 104729))
+        prototypes = jax.random.normal(k_proto, (classes, *shape))
+        if len(shape) == 3:
+            prototypes = prototypes + jax.random.normal(k_colour, (classes, 1, 1, shape[-1]))
         k_y, k_x = jax.random.split(key)
         y = jax.random.randint(k_y, (cfg_batch,), 0, classes)
         x = prototypes[y] + noise * jax.random.normal(k_x, (cfg_batch, *shape))

@@ -36,7 +36,7 @@ class ResNetConfig:
     stem_stride: int = 1
     classes: int = 16
     batch: int = 16
-    lr: float = 1e-3
+    lr: float = 3e-3
 
 
 SIZES = {

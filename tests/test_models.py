@@ -1,0 +1,146 @@
+"""The model zoo: registry, expert plans, and auto-sharded numerics of every model.
+
+Each auto-sharded train step must match the single-device ``jax.jit`` step (loss and the
+whole updated state) within ``case.rtol`` and ``case.atol``: each case states and derives
+its tolerance (f32: rtol 1e-5 and ~0.1 lr for Adam's first step; bf16: wider).
+"""
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import autoshard
+from autoshard import experts, models, train
+
+CORE = [("mlp", "tiny"), ("gpt", "tiny"), ("gpt_scan", "tiny"), ("moe", "tiny"),
+        ("resnet", "tiny"), ("vit", "tiny")]
+VARIANTS = [("gpt", "tiny_bf16"), ("moe", "tiny_top1")]
+
+
+@functools.lru_cache(maxsize=None)
+def case_of(name, size):
+    return models.train_case(name, size)
+
+
+@functools.lru_cache(maxsize=None)
+def reference(name, size):
+    case = case_of(name, size)
+    return jax.device_get(jax.jit(case.train_step)(*case.args))
+
+
+@functools.lru_cache(maxsize=None)
+def plan_of(name, size, mesh):
+    case = case_of(name, size)
+    return autoshard.plan(case.train_step, *case.args, mesh=mesh)
+
+
+@functools.lru_cache(maxsize=None)
+def planned_step(name, size, mesh):
+    return plan_of(name, size, mesh).jit()
+
+
+def assert_matches(case, got, want):
+    def check(path, a, b):
+        np.testing.assert_allclose(
+            np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=case.rtol,
+            atol=case.atol, err_msg=f"{case.name} at {jax.tree_util.keystr(path)}")
+    jax.tree_util.tree_map_with_path(check, jax.device_get(got), want)
+
+
+def test_registry():
+    assert models.names() == ["gpt", "gpt_scan", "mlp", "moe", "resnet", "vit"]
+    for name in models.names():
+        assert {"tiny", "small", "large"} <= set(models.get(name).sizes)
+    with pytest.raises(autoshard.InputError, match="known models: gpt, gpt_scan"):
+        models.get("bert")
+    with pytest.raises(autoshard.InputError, match="sizes: tiny"):
+        models.train_case("gpt", "huge")
+
+
+def test_state_paths_and_batches():
+    case = case_of("gpt", "tiny")
+    paths = experts.leaf_paths(case.state, "state")
+    assert "state['params']['blocks'][0]['attn']['query']['kernel']" in paths
+    assert "state['opt_state'][0].mu['blocks'][0]['mlp']['fc1']['kernel']" in paths
+    assert "state['step']" in paths
+    one, again, other = case.make_batch(3), case.make_batch(3), case.make_batch(4)
+    np.testing.assert_array_equal(one["inputs"], again["inputs"])
+    assert not np.array_equal(one["inputs"], other["inputs"])
+    assert "batch_stats" in case_of("resnet", "tiny").state
+
+
+def test_abstract_case_allocates_nothing():
+    case = models.train_case("moe", "large", abstract=True)
+    leaves = jax.tree.leaves(case.args)
+    assert all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
+    assert case.state["params"]["blocks"][0]["mlp"]["wi"]["kernel"].shape == (16, 1024, 4096)
+
+
+@pytest.mark.parametrize("name,size", CORE + VARIANTS)
+def test_auto_plan_matches_one_device(name, size, mesh):
+    if (name, size) in VARIANTS and len(mesh.axis_names) == 1:
+        pytest.skip("variants run on the 2-D mesh only")
+    case = case_of(name, size)
+    got = planned_step(name, size, mesh)(*case.args)
+    assert_matches(case, got, reference(name, size))
+
+
+@pytest.mark.parametrize("name,size", CORE)
+def test_loss_falls_over_20_steps(name, size, mesh_1d):
+    case = case_of(name, size)
+    losses = train.run(case, planned_step(name, size, mesh_1d), case.state, steps=20,
+                       log=None, shardings=plan_of(name, size, mesh_1d).in_shardings)
+    assert np.all(np.isfinite(losses))
+    assert np.mean(losses[-5:]) < 0.9 * losses[0], losses
+
+
+def test_expert_rules_fit_any_mesh(mesh_1d, mesh_2d):
+    assert experts.fit_spec(P(experts.BATCH, None), (6, 16), mesh_2d) == P("data")
+    assert experts.fit_spec(P(None, experts.MODEL), (6, 16), mesh_2d) == P(None, "model")
+    assert experts.fit_spec(P(None, experts.MODEL), (6, 16), mesh_1d) == P(None, "data")
+    assert experts.fit_spec(P(experts.DATA), (8,), mesh_1d) == P()
+    assert experts.largest_dim_spec((64, 256), mesh_2d) == P(None, ("data", "model"))
+    assert experts.largest_dim_spec((3, 12), mesh_2d) == P(None, "model")
+
+
+def test_expert_plans_shard_as_named(mesh_2d):
+    case = case_of("moe", "tiny")
+    query = lambda tree: tree[0]["params"]["blocks"][0]["attn"]["query"]["kernel"].spec
+    wi = lambda tree: tree[0]["params"]["blocks"][0]["mlp"]["wi"]["kernel"].spec
+    assert query(case.experts["data_parallel"](mesh_2d)) == P()
+    assert case.experts["data_parallel"](mesh_2d)[1]["inputs"].spec == P(("data", "model"))
+    assert query(case.experts["megatron"](mesh_2d)) == P(None, "model")
+    assert case.experts["megatron"](mesh_2d)[1]["inputs"].spec == P("data")
+    assert query(case.experts["fsdp_tp"](mesh_2d)) == P("data", "model")
+    assert wi(case.experts["expert_parallel"](mesh_2d)) == P("model")
+    fsdp = case.experts["fsdp"](mesh_2d)[0]["opt_state"][0].mu["embed"]["embedding"].spec
+    assert fsdp == P(("data", "model"))
+
+
+@pytest.mark.parametrize("plan_name", ["megatron", "expert_parallel"])
+def test_expert_step_matches_one_device(plan_name, mesh_2d):
+    case = case_of("moe", "tiny")
+    got = experts.jit_expert(case, mesh_2d, plan_name, donate=False)(*case.args)
+    assert_matches(case, got, reference("moe", "tiny"))
+    compiled = experts.compile_expert(case, mesh_2d, plan_name)
+    report = autoshard.inspect.inspect(compiled, autoshard.H100, mesh_2d)
+    assert report.memory_bytes > 0
+
+
+def test_annotation_pins(mesh_2d, mesh_1d):
+    case = case_of("gpt", "tiny")
+    pins = case.annotation_pins(mesh_2d)
+    assert pins["state['params']['blocks'][0]['attn']['query']['kernel']"] == P(None, "model")
+    assert pins["state['params']['embed']['embedding']"] == P("model")
+    assert case.annotation_pins(mesh_1d)["state['params']['head']['kernel']"] == P(None, "data")
+
+
+@pytest.mark.slow
+def test_large_gpt_plans_within_80gb(mesh_2d):
+    case = models.train_case("gpt_scan", "large", abstract=True)
+    plan = autoshard.plan(case.train_step, *case.args, mesh=mesh_2d, memory_budget=80e9,
+                          donate_argnums=(0,))
+    assert plan.cost.memory_bytes <= 80e9
