@@ -122,3 +122,21 @@ def test_crash_during_save_leaves_the_previous_checkpoint_latest(tmp_path):
     assert sorted(flat) == sorted(saved)
     for key in saved:
         np.testing.assert_array_equal(flat[key], saved[key], err_msg=key)
+
+
+def test_train_run_checkpoints_and_resumes(tmp_path):
+    from autoshard import models, train
+    case = models.train_case("mlp", "tiny")
+    step_fn = jax.jit(case.train_step)
+    full = train.run(case, step_fn, case.state, steps=6, log=None)
+    consumed = []
+    first = train.run(case, step_fn, case.state, steps=4, log=consumed.append,
+                      checkpoint_dir=str(tmp_path), checkpoint_every=2)
+    assert first == full[:4] and latest_step(tmp_path) == 4
+    lines = []
+    rest = train.run(case, step_fn, case.state, steps=6, log=lines.append,
+                     checkpoint_dir=str(tmp_path), checkpoint_every=2, resume=True)
+    assert lines[0] == "resumed from checkpoint 4 (next step 4)"
+    assert [int(line.split()[1]) for line in lines[1:]] == [4, 5]
+    assert rest == full[4:]                   # bit for bit
+    assert latest_step(tmp_path) == 6

@@ -30,6 +30,10 @@ def python_command(code: str) -> list[str]:
     return [sys.executable, "-c", code]
 
 
+# Forking from this process (JAX running) warns; the child execs at once.
+pytestmark = pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")
+
+
 def test_launch_prefixes_output_and_passes_process_env():
     out = io.StringIO()
     code = launch.launch(python_command(
