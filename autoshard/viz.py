@@ -865,8 +865,8 @@ def compare(fn: Callable, *args, candidates: Mapping[str, Any], mesh: Mesh | Non
 class ScoreboardView(View):
     """Several programs' comparisons side by side, relative to the best reference plan."""
 
-    columns = ("program", "plan", "compiled total", "vs best expert", "compiled memory",
-               "vs best expert memory")
+    columns = ("program", "plan", "compiled total", "÷ fastest other", "compiled memory",
+               "÷ smallest other")
     right_aligned = columns[2:]
 
     def __init__(self, comparisons: Mapping[str, CompareView], candidate: str = "auto"):
@@ -915,17 +915,20 @@ class ScoreboardView(View):
         width = 0.8 / max(len(plans), 1)
         fig, (ax,) = new_figure(max(6, 1.6 * len(programs) + 3), 4.5)
         rows = self.rows()
+        palette = iter(["#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3",
+                        "#8c8c8c", "#ccb974", "#64b5cd"] * 4)
         for k, name in enumerate(plans):
             values = [next((r["time_ratio"] for r in rows if r["program"] == p
                             and r["plan"] == name), None) for p in programs]
             values = [np.nan if v is None else v for v in values]
-            color = COMPUTE_COLOR if name == self.candidate else None
+            color = COMPUTE_COLOR if name == self.candidate else next(palette)
             ax.bar(np.arange(len(programs)) + (k - (len(plans) - 1) / 2) * width, values,
                    width, label=name, color=color)
         ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
+        ax.set_yscale("log")
         ax.set_xticks(np.arange(len(programs)), programs)
         ax.set_xlabel("program")
-        ax.set_ylabel("compiled step time / best other plan's (ratio)")
+        ax.set_ylabel("compiled step time ÷ fastest other plan's (log scale)")
         ax.set_title(self.title)
         legend_below(ax, ncol=min(len(plans), 5))
         return fig

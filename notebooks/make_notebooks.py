@@ -383,8 +383,8 @@ for name, view in comparisons.items():
     md('''
 ## All models at once
 
-Compiled step time of every plan relative to the best expert plan of the same model
-(1.0 is the best expert; lower is better).
+Compiled step time of every plan divided by the fastest expert plan's for the same model
+(1.0 is the fastest expert; lower is better; the axis is logarithmic).
 '''),
     code('''
 board = viz.scoreboard(comparisons)

@@ -275,3 +275,29 @@ def test_command_line_saves_figures(tmp_path, capsys):
     assert (tmp_path / "breakdown.png").stat().st_size > 0
     assert (tmp_path / "memory.png").stat().st_size > 0
     assert "params['layers'][0]['w']" in capsys.readouterr().out
+
+
+def test_scoreboard_ratios_against_the_fastest_other_plan():
+    from autoshard.inspect import Report
+
+    def report(total_s, memory_bytes):
+        return Report(flops=0, bytes_accessed=0, compute_s=total_s / 2, comm_s=total_s / 2,
+                      total_s=total_s, collectives=(), memory_bytes=memory_bytes)
+    views = {
+        "a": viz.CompareView({"auto": report(2e-6, 100), "dp": report(4e-6, 300),
+                              "fsdp": report(8e-6, 50)}, {"auto": 1e-6}),
+        "b": viz.CompareView({"auto": report(9e-6, 10), "dp": report(3e-6, 20)}, {}),
+    }
+    board = viz.scoreboard(views)
+    ratios = {(r["program"], r["plan"]): (r["time_ratio"], r["memory_ratio"])
+              for r in board.rows()}
+    # a: fastest other is dp (4 us), smallest other is fsdp (50 B)
+    assert ratios[("a", "auto")] == pytest.approx((0.5, 2.0))
+    assert ratios[("a", "fsdp")] == pytest.approx((2.0, 1.0))
+    # b: the only other is dp (3 us, 20 B)
+    assert ratios[("b", "auto")] == pytest.approx((3.0, 0.5))
+    summary = {s["program"]: s for s in board.summary()}
+    assert summary["a"]["best_other"] == "dp" and summary["b"]["time_ratio"] == pytest.approx(3.0)
+    assert views["a"].best == "auto"
+    assert_labelled(board.plot())
+    assert "÷ fastest other" in str(board)
