@@ -91,25 +91,28 @@ def resolve_spec(spec: P, mesh: Mesh) -> tuple[tuple[str, ...], ...]:
 def fit_spec(spec: P, shape: Sequence[int], mesh: Mesh) -> P:
     """``spec`` with roles resolved and every axis that does not divide its dim dropped.
 
-    An axis is kept while the product of the kept axes divides the dim; an axis used by an
-    earlier dim is skipped; entries past the array's rank are ignored.
+    Of the dim's axes (in order, skipping those used by an earlier dim), the subset with
+    the largest product that divides the dim is kept; entries past the array's rank are
+    ignored.
 
     Example::
 
         fit_spec(P(BATCH, None), (6, 16), mesh_2x4) == P("data", None)   # 4 does not divide 6
+        fit_spec(P(BATCH), (12,), mesh_2x4) == P("model")                 # 4 beats 2
     """
     sizes = axis_sizes(mesh)
     used: set[str] = set()
     entries = []
     for dim, axes in zip(shape, resolve_spec(spec, mesh)):
-        kept, product = [], 1
-        for a in axes:
-            if a in used or sizes[a] == 1 or dim % (product * sizes[a]):
-                continue
-            kept.append(a)
-            product *= sizes[a]
-        used.update(kept)
-        entries.append(None if not kept else kept[0] if len(kept) == 1 else tuple(kept))
+        axes = [a for a in dict.fromkeys(axes) if a not in used and sizes[a] > 1]
+        best, best_product = [], 1
+        for mask in range(1, 2 ** len(axes)):
+            subset = [a for i, a in enumerate(axes) if mask >> i & 1]
+            product = math.prod(sizes[a] for a in subset)
+            if dim % product == 0 and product > best_product:
+                best, best_product = subset, product
+        used.update(best)
+        entries.append(None if not best else best[0] if len(best) == 1 else tuple(best))
     while entries and entries[-1] is None:
         entries.pop()
     return P(*entries)

@@ -13,6 +13,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import autoshard
+import autoshard.inspect
 from autoshard import experts, models, train
 
 CORE = [("mlp", "tiny"), ("gpt", "tiny"), ("gpt_scan", "tiny"), ("moe", "tiny"),
