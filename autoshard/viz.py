@@ -667,6 +667,13 @@ class WhatIfView(View):
                       if "compiled_total_s" in row else ["", ""])
         return cells
 
+    def __getitem__(self, shape) -> Plan:
+        """The plan for a mesh shape: ``view[(2, 4)]`` or ``view["2×4"]``."""
+        name = shape if isinstance(shape, str) else "×".join(str(int(n)) for n in shape)
+        if name not in self.plans:
+            raise PlanError(f"no plan for mesh shape {name}; planned: {', '.join(self.plans)}")
+        return self.plans[name]
+
     @property
     def best(self) -> str:
         """The mesh shape with the lowest predicted step time among those that fit."""
@@ -722,7 +729,7 @@ def what_if(fn: Callable, *args, mesh_shapes: Iterable[Sequence[int]] = MESH_SHA
 
         view = viz.what_if(train_step, params, opt_state, batch,
                            mesh_shapes=[(1, 8), (2, 4), (4, 2), (8, 1)])
-        view.best, view.plans["2×4"]      # the fastest shape that fits, one plan
+        view.best, view[(2, 4)]           # the fastest shape that fits, one plan
         view.plot()
     """
     from autoshard.api import plan as make_plan
@@ -1078,7 +1085,9 @@ def explain(plan: Plan, path: str) -> str:
         return (first + " No other spec was open to it: it is pinned, too small to split, "
                 "or no mesh axis divides its dims.")
     (spec, extra), *rest = arg.alternatives
-    if extra < 0:
+    if abs(extra) < 1e-12:
+        why = f" {specs.spec_str(spec)} would cost the same per step."
+    elif extra < 0:
         why = (f" {specs.spec_str(spec)} would make the step {format_seconds(-extra)} faster, "
                "but the plan needs the memory this spec saves to fit the budget.")
     else:

@@ -258,7 +258,7 @@ shapes
 shapes.plot()
 '''),
     code('''
-viz.diff(shapes.plans["2×4"], shapes.plans["8×1"], names=("2×4", "8×1"))
+viz.diff(shapes[(2, 4)], shapes[(8, 1)], names=("2×4", "8×1"))
 '''),
     md('''
 ## A tighter memory budget

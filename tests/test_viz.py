@@ -208,6 +208,9 @@ def test_what_if_plans_each_mesh_shape(mlp):
         np.testing.assert_allclose(row["compute_s"] + row["comm_s"] + row["reshard_s"],
                                    p.cost.total_s)
     assert view.best == min(view.rows(), key=lambda r: r["total_s"])["mesh"]
+    assert view[(8, 1)] is view.plans["8×1"]
+    with pytest.raises(autoshard.PlanError, match="no plan for mesh shape 4×2"):
+        view[(4, 2)]
     assert_labelled(view.plot())
     assert "2×4" in str(view) and "<table>" in view._repr_html_()
     with pytest.raises(autoshard.AutoshardError, match="has 3 axes"):
