@@ -79,6 +79,7 @@ def combined_collectives(mesh: Mesh) -> tuple[str, ...]:
 def build_request(cg: CostGraph, memory_budget, time_limit_s) -> Request:
     return Request(node_costs=cg.node_costs, edges=[(e.src, e.dst, e.cost) for e in cg.edges],
                    shared_costs=[(c.seconds, c.members) for c in cg.shared_costs],
+                   ties=[(t.u, t.v, t.keys_u, t.keys_v) for t in cg.ties],
                    memory_terms=[(t.group, t.num_bytes) for t in cg.memory_terms],
                    fixed_terms=cg.fixed_terms, memory_rows=cg.memory_rows,
                    memory_budget=memory_budget, time_limit_s=time_limit_s)
@@ -94,7 +95,7 @@ def local_costs(request: Request, choice) -> list[np.ndarray]:
 
 
 def decisions_from(cg: CostGraph, choice) -> dict[tuple, Decision]:
-    """Where apply constrains: resharded operands, group roots' results, loop seams."""
+    """Where apply constrains: resharded operands, every result, loop seams."""
     graph = cg.space.graph
     decisions = {}
     for node in graph.nodes:
@@ -110,8 +111,9 @@ def decisions_from(cg: CostGraph, choice) -> dict[tuple, Decision]:
             have = cg.node_strategy(value.producer, choice).out_specs[value.index]
             want = strategy.in_specs[i]
             in_specs.append(want if want != have or node.kind == "boundary" else None)
-        root = cg.groups[cg.group_of_node[node.id]][0] == node.id
-        out_specs = strategy.out_specs if root or node.kind == "boundary" else ()
+        # every result is pinned: left free, XLA's propagation may pull a spec chosen for
+        # one user back into a shared producer, and its other users pay to undo it
+        out_specs = strategy.out_specs
         if any(s is not None for s in in_specs) or out_specs:
             decisions[node.key] = Decision(tuple(in_specs) if any(
                 s is not None for s in in_specs) else (), tuple(out_specs))

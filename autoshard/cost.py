@@ -89,6 +89,15 @@ class SharedCost:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
+class Tie:
+    """Groups u and v must choose strategies with equal keys (the same spec)."""
+    u: int
+    v: int
+    keys_u: np.ndarray      # per strategy of u
+    keys_v: np.ndarray      # per strategy of v
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class CostGraph:
     space: StrategySpace
     group_of_node: tuple[int, ...]
@@ -100,6 +109,7 @@ class CostGraph:
     fixed_terms: tuple[int, ...]                 # arguments and outputs: always resident
     memory_rows: tuple[tuple[int, ...], ...]     # temporaries live together at a point
     shared_costs: tuple["SharedCost", ...] = ()  # latencies paid once for many collectives
+    ties: tuple[Tie, ...] = ()                   # donated argument = its output's spec
 
     @property
     def num_groups(self) -> int:
@@ -208,42 +218,37 @@ class _Builder:
                     edges[(gv, gu)] += matrix.T
                 else:
                     edges[(gu, gv)] = edges.get((gu, gv), 0) + matrix
-        for (u, v), m in self.donation_edges():
-            if u == v:
-                node_costs[u] += np.diag(m)
-            elif (v, u) in edges:
-                edges[(v, u)] += m.T
-            else:
-                edges[(u, v)] = edges.get((u, v), 0) + m
         return node_costs, [Edge(u, v, m) for (u, v), m in edges.items()]
 
-    def donation_edges(self):
+    def donation_ties(self) -> tuple["Tie", ...]:
         """A donated argument and the output written into its buffer keep one spec: the
         next step takes that output back as this argument, and XLA aliases only buffers
         sharded alike."""
-        graph = self.graph
+        ties = []
         for k, arg_node in self.donated:
-            out_node = graph.output_nodes[k]
+            out_node = self.graph.output_nodes[k]
             if out_node is None:
                 continue
             gu, gv = self.group_of_node[arg_node], self.group_of_node[out_node]
             srcs = [self.out_spec(arg_node, s, 0) for s in range(self.group_size(gu))]
             dsts = [self.out_spec(out_node, s, 0) for s in range(self.group_size(gv))]
-            yield (gu, gv), np.array([[0.0 if a == b else DONATION_MISMATCH_SECONDS
-                                       for b in dsts] for a in srcs])
+            ids = {spec: i for i, spec in enumerate(dict.fromkeys(srcs + dsts))}
+            ties.append(Tie(gu, gv, np.array([ids[s] for s in srcs]),
+                            np.array([ids[s] for s in dsts])))
+        return tuple(ties)
 
     def edge_matrix(self, value, node, i) -> np.ndarray:
         gu = self.group_of_node[value.producer]
         srcs = [self.out_spec(value.producer, s, value.index) for s in range(self.group_size(gu))]
         gv = self.group_of_node[node.id]
         dsts = [self.space.strategies[node.id][c].in_specs[i] for c in self.choice[node.id]]
-        src_keys, src_idx = np.unique(np.array([hash(s) for s in srcs]), return_inverse=True)
-        dst_keys, dst_idx = np.unique(np.array([hash(d) for d in dsts]), return_inverse=True)
-        src_of = {hash(s): s for s in srcs}
-        dst_of = {hash(d): d for d in dsts}
-        small = np.array([[self.reshard(value.id, src_of[a], dst_of[b]) for b in dst_keys]
-                          for a in src_keys])
-        return small[np.ix_(src_idx.ravel(), dst_idx.ravel())]
+        # distinct specs in order of first appearance: the same program gives the same
+        # matrices, whatever the process's hash seed
+        src_keys, dst_keys = list(dict.fromkeys(srcs)), list(dict.fromkeys(dsts))
+        src_idx = [src_keys.index(s) for s in srcs]
+        dst_idx = [dst_keys.index(d) for d in dsts]
+        small = np.array([[self.reshard(value.id, a, b) for b in dst_keys] for a in src_keys])
+        return small[np.ix_(src_idx, dst_idx)]
 
     def build_shared_costs(self) -> tuple[SharedCost, ...]:
         members: dict[tuple, set] = {}
@@ -341,9 +346,6 @@ class _Builder:
         return tuple(terms), tuple(fixed), unique_rows
 
 
-# A donated argument whose output comes back in another spec is refused at this price.
-DONATION_MISMATCH_SECONDS = 1e3
-
 # Between plans of equal time, prefer the one that keeps fewer bytes per device.
 TIEBREAK_SECONDS_PER_BYTE = 1e-15
 
@@ -363,4 +365,5 @@ def build_cost_graph(space: StrategySpace,
                      groups=tuple(tuple(g) for g in builder.groups),
                      choice=tuple(builder.choice), node_costs=tuple(node_costs),
                      edges=tuple(edges), memory_terms=terms, fixed_terms=fixed,
-                     memory_rows=rows, shared_costs=builder.build_shared_costs())
+                     memory_rows=rows, shared_costs=builder.build_shared_costs(),
+                     ties=builder.donation_ties())

@@ -33,6 +33,8 @@ class Request:
     allowed: Sequence[np.ndarray | None] = ()             # per group: allowed strategies
     # (seconds, members): paid once if any member (group, strategy) is chosen
     shared_costs: Sequence[tuple[float, Sequence[tuple[int, int]]]] = ()
+    # (u, v, keys_u, keys_v): groups u and v must pick strategies with equal keys
+    ties: Sequence[tuple[int, int, np.ndarray, np.ndarray]] = ()
     time_limit_s: float = 60.0
 
 
@@ -109,7 +111,21 @@ def greedy(request: Request) -> np.ndarray:
                 choice[g], changed = best, True
         if not changed:
             break
+    return tie_up(request, choice)
+
+
+def tie_up(request: Request, choice: np.ndarray) -> np.ndarray:
+    """Move each tied group u to a strategy whose key matches v's choice, if it has one."""
+    for u, v, keys_u, keys_v in request.ties:
+        if keys_u[choice[u]] != keys_v[choice[v]]:
+            matches = np.flatnonzero(keys_u == keys_v[choice[v]])
+            if len(matches):
+                choice[u] = int(min(matches, key=lambda s: request.node_costs[u][s]))
     return choice
+
+
+def ties_broken(request: Request, choice) -> int:
+    return sum(int(ku[choice[u]] != kv[choice[v]]) for u, v, ku, kv in request.ties)
 
 
 def smallest_memory_choice(request: Request) -> np.ndarray:
@@ -169,6 +185,13 @@ class _Ilp:
                 lower.append(0.0); upper.append(np.inf); row += 1
             shared_costs.append(np.array([seconds * SECONDS_SCALE]))
             next_var += 1
+        for u, v, keys_u, keys_v in request.ties:   # sum of x with key k equal on both sides
+            for k in np.union1d(keys_u, keys_v):
+                for s in np.flatnonzero(keys_u == k):
+                    rows.append(row); cols.append(self.offsets[u] + s); vals.append(1.0)
+                for t in np.flatnonzero(keys_v == k):
+                    rows.append(row); cols.append(self.offsets[v] + t); vals.append(-1.0)
+                lower.append(0.0); upper.append(0.0); row += 1
         self.num_vars = next_var
         self.cost = np.concatenate(cost + edge_costs + shared_costs)
         self.rows, self.cols, self.vals = rows, cols, vals

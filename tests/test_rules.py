@@ -22,6 +22,8 @@ def einsum_of(fn, *shapes, primitive=None):
      "bmk,bkn->bmn reduce={k}"),
     (lambda x: jnp.tanh(x), [(8, 16)], "tanh", "ab->ab"),
     (lambda x, y: x * y, [(8, 16), (8, 16)], "mul", "ab,ab->ab"),
+    # jnp broadcasts size-1 dims inside the primitive: the kept dim still splits
+    (lambda x, y: x - y, [(8, 16), (8, 1)], "sub", "ab,a.->ab"),
     (lambda x: x.sum(axis=1), [(8, 16)], "reduce_sum", "ab->a reduce={b}"),
     (lambda x: x.max(axis=0), [(8, 16)], "reduce_max", "ab->b reduce={a}"),
     (lambda x: jnp.argmax(x, axis=1), [(8, 16)], "argmax", "a.->a"),

@@ -18,12 +18,17 @@ NARY = ["select_n", "clamp", "threefry2x32"]
 
 
 def elementwise_einsum(operand_shapes, out_shapes, flops_per_element=1.0) -> Einsum:
-    """Operands of the output's shape share its labels; scalars (rank 0) have none."""
+    """Operands share the output's labels dim by dim; a size-1 dim that broadcasts against
+    a larger one (``sub(f32[16,64,1024], f32[16,64,1])``) and scalars have none."""
     labels = LabelMaker()
     out_shape = out_shapes[0]
     out_labels = tuple(labels.new(size) for size in out_shape)
-    operands = tuple(out_labels if tuple(s) == tuple(out_shape) else (None,) * len(s)
-                     for s in operand_shapes)
+
+    def term(shape):
+        if len(shape) != len(out_shape):
+            return (None,) * len(shape)
+        return tuple(l if d == o else None for l, d, o in zip(out_labels, shape, out_shape))
+    operands = tuple(term(tuple(s)) for s in operand_shapes)
     return Einsum(operands, tuple(out_labels for _ in out_shapes), labels.sizes,
                   flops=flops_per_element * math.prod(out_shape), fusible=True)
 

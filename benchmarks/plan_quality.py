@@ -1,0 +1,220 @@
+"""Plan quality: the auto plan against the expert plans, all judged by their compiled HLO.
+
+For each case and mesh, compiles the auto plan and every expert plan with the same
+Hardware (an H100 node; on the 8x2 mesh the first axis crosses nodes and gets the
+inter-node bandwidth), prices each compiled program with ``autoshard.inspect`` and prints
+one table: step time, compute, communication, memory per device, feasible under the
+budget, and auto / best feasible expert. A second table puts the planner's prediction
+beside the compiled figures of the auto plan.
+
+Run: python benchmarks/plan_quality.py [--cases gpt,moe,resnet,inference,gpt_budget]
+                                       [--meshes 8,2x4,8x2] [--json out.json]
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + " --xla_force_host_platform_device_count=16").strip()
+
+import jax  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+
+import autoshard  # noqa: E402
+from autoshard import experts, models  # noqa: E402
+from autoshard.errors import MemoryBudgetError  # noqa: E402
+from autoshard.inspect import inspect  # noqa: E402
+from autoshard.testing import programs  # noqa: E402
+
+NVLINK = 3.6e11        # bytes/s per device inside a node
+INTER_NODE = 4e10      # bytes/s per device between nodes
+MESHES = {"8": ((8,), ("data",)), "2x4": ((2, 4), ("data", "model")),
+          "8x2": ((8, 2), ("data", "model"))}
+
+
+def hardware_for(mesh_name: str) -> autoshard.Hardware:
+    """An H100 node; on 8x2 (two nodes of 8) the first axis crosses the node boundary."""
+    shape, names = MESHES[mesh_name]
+    inter = {names[0]: INTER_NODE} if mesh_name == "8x2" else {}
+    return autoshard.Hardware(flops=4.9e14, hbm_bandwidth=2.7e12, memory=80e9,
+                              link_bandwidth={n: inter.get(n, NVLINK) for n in names},
+                              link_latency=1e-5)
+
+
+def mesh_for(mesh_name: str):
+    shape, names = MESHES[mesh_name]
+    n = 1
+    for s in shape:
+        n *= s
+    return autoshard.make_mesh(shape, names, devices=jax.devices()[:n])
+
+
+@dataclasses.dataclass
+class Case:
+    """A program, its abstract args, and expert in_shardings by name (fn of mesh)."""
+
+    name: str
+    fn: object
+    args: tuple
+    experts: dict
+    out_shardings: object = None       # fn(mesh, in_shardings) -> out_shardings
+    donate_argnums: tuple = ()
+    budget_fraction_of_dp: float | None = None   # budget = this x data parallel's memory
+
+
+def _abstract(tree):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
+def zoo_case(model: str, size: str = "small", **kw) -> Case:
+    case = models.train_case(model, size, abstract=True)
+    return Case(f"{model}/{size}", case.train_step, _abstract(case.args), dict(case.experts),
+                lambda mesh, ins: (ins[0], NamedSharding(mesh, P())),
+                tuple(case.donate_argnums), **kw)
+
+
+def inference_case() -> Case:
+    """Big weights, small batch: y = gelu(x @ W1) @ W2, W 8192x8192, batch 16."""
+    program = programs.inference_mlp(abstract=True)
+    params, x = program.args
+
+    def tensor_parallel(mesh):
+        model = experts.role_axes(mesh, experts.MODEL)
+        return ({"w1": NamedSharding(mesh, P(None, model)),
+                 "w2": NamedSharding(mesh, P(model, None))}, NamedSharding(mesh, P()))
+
+    def data_parallel(mesh):
+        return (jax.tree.map(lambda _: NamedSharding(mesh, P()), params),
+                NamedSharding(mesh, experts.fit_spec(P(experts.BATCH), x.shape, mesh)))
+
+    return Case("inference_mlp", program.fn, program.args,
+                {"tensor_parallel": tensor_parallel, "data_parallel": data_parallel},
+                lambda mesh, ins: NamedSharding(mesh, P()))
+
+
+CASES = {
+    "gpt": lambda: zoo_case("gpt"),
+    "moe": lambda: zoo_case("moe"),
+    "resnet": lambda: zoo_case("resnet"),
+    "inference": inference_case,
+    "gpt_budget": lambda: dataclasses.replace(zoo_case("gpt"), name="gpt/small budget",
+                                              budget_fraction_of_dp=0.6),
+}
+
+
+@dataclasses.dataclass
+class Row:
+    case: str
+    mesh: str
+    plan: str
+    step_s: float
+    compute_s: float
+    comm_s: float
+    memory_bytes: float
+    budget: float
+    predicted_s: float | None = None
+    predicted_bytes: float | None = None
+    note: str = ""
+
+    @property
+    def feasible(self) -> bool:
+        return self.memory_bytes <= self.budget
+
+
+def compile_expert(case: Case, mesh, name: str):
+    ins = case.experts[name](mesh)
+    outs = case.out_shardings(mesh, ins) if case.out_shardings else None
+    jitted = jax.jit(case.fn, in_shardings=ins, out_shardings=outs,
+                     donate_argnums=case.donate_argnums)
+    return jitted.lower(*case.args).compile()
+
+
+def run_case(case: Case, mesh_name: str) -> list[Row]:
+    mesh, hw = mesh_for(mesh_name), hardware_for(mesh_name)
+    rows, reports = [], {}
+    for name in case.experts:
+        try:
+            reports[name] = inspect(compile_expert(case, mesh, name), hw, mesh)
+        except Exception as e:  # an expert plan XLA cannot compile is reported, not fatal
+            print(f"  {case.name} {mesh_name} {name}: {type(e).__name__}: {e}"[:200],
+                  file=sys.stderr)
+    budget = hw.memory
+    if case.budget_fraction_of_dp is not None:
+        budget = case.budget_fraction_of_dp * reports["data_parallel"].memory_bytes
+    for name, r in reports.items():
+        rows.append(Row(case.name, mesh_name, name, r.total_s, r.compute_s, r.comm_s,
+                        r.memory_bytes, budget))
+    started = time.perf_counter()
+    try:
+        plan = autoshard.plan(case.fn, *case.args, mesh=mesh, hardware=hw,
+                              memory_budget=budget, donate_argnums=case.donate_argnums)
+    except MemoryBudgetError as e:
+        rows.append(Row(case.name, mesh_name, "auto", float("nan"), float("nan"), float("nan"),
+                        float("inf"), budget, note=str(e)[:80]))
+        return rows
+    planned = time.perf_counter() - started
+    r = inspect(plan.jit().lower(*case.args).compile(), hw, mesh)
+    rows.append(Row(case.name, mesh_name, "auto", r.total_s, r.compute_s, r.comm_s,
+                    r.memory_bytes, budget, plan.cost.total_s, plan.cost.memory_bytes,
+                    note=f"planned in {planned:.1f}s"))
+    return rows
+
+
+def ratio(rows: list[Row], auto: Row) -> float:
+    feasible = [r.step_s for r in rows if r.plan != "auto" and r.feasible]
+    return auto.step_s / min(feasible) if feasible else float("nan")
+
+
+def print_tables(rows: list[Row]) -> None:
+    print(f"\n{'case':18} {'mesh':5} {'plan':16} {'step ms':>9} {'compute':>9} {'comm':>9} "
+          f"{'mem MiB':>9} {'budget':>9} {'fits':>5} {'auto/best':>9}")
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r.case, r.mesh), []).append(r)
+    for (case, mesh), group in groups.items():
+        auto = next(r for r in group if r.plan == "auto")
+        for r in group:
+            mark = f"{ratio(group, auto):9.3f}" if r is auto else ""
+            print(f"{case:18} {mesh:5} {r.plan:16} {r.step_s * 1e3:9.4f} "
+                  f"{r.compute_s * 1e3:9.4f} {r.comm_s * 1e3:9.4f} "
+                  f"{r.memory_bytes / 2**20:9.1f} {r.budget / 2**20:9.0f} "
+                  f"{'yes' if r.feasible else 'NO':>5} {mark}")
+    print(f"\npredicted vs compiled (auto plan)\n{'case':18} {'mesh':5} {'pred ms':>9} "
+          f"{'comp ms':>9} {'err':>7} {'pred MiB':>9} {'comp MiB':>9} {'err':>7}")
+    for r in rows:
+        if r.plan != "auto" or r.predicted_s is None:
+            continue
+        print(f"{r.case:18} {r.mesh:5} {r.predicted_s * 1e3:9.4f} {r.step_s * 1e3:9.4f} "
+              f"{(r.predicted_s / r.step_s - 1) * 100:+6.1f}% "
+              f"{r.predicted_bytes / 2**20:9.1f} {r.memory_bytes / 2**20:9.1f} "
+              f"{(r.predicted_bytes / r.memory_bytes - 1) * 100:+6.1f}%")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--meshes", default=",".join(MESHES))
+    parser.add_argument("--json", default=None, help="write every row to this file")
+    args = parser.parse_args(argv)
+    rows = []
+    for case_name in args.cases.split(","):
+        case = CASES[case_name]()
+        for mesh_name in args.meshes.split(","):
+            started = time.perf_counter()
+            rows += run_case(case, mesh_name)
+            print(f"  {case.name} on {mesh_name}: {time.perf_counter() - started:.1f}s",
+                  file=sys.stderr, flush=True)
+    print_tables(rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([dict(dataclasses.asdict(r), feasible=r.feasible) for r in rows], f,
+                      indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
