@@ -72,10 +72,12 @@ def format_seconds(seconds: float) -> str:
     s = abs(seconds)
     if s == 0:
         return "0 s"
-    for scale, unit in ((1, "s"), (1e-3, "ms"), (1e-6, "µs")):
-        if s >= scale:
-            return f"{seconds / scale:.3g} {unit}" if unit == "s" else f"{seconds / scale:.2f} {unit}"
-    return f"{seconds * 1e9:.2f} ns"
+    if s >= 1:
+        return f"{seconds:.3g} s"
+    for scale, unit in ((1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")):
+        if s >= scale or unit == "ns":
+            return f"{seconds / scale:.2f} {unit}"
+    return f"{seconds:.3g} s"
 
 
 def time_unit(max_seconds: float) -> tuple[float, str]:

@@ -39,7 +39,7 @@ def test_stored_without_outputs(path):
     for cell in nb.cells:
         if cell.cell_type == "code":
             assert not cell.outputs and cell.execution_count is None, (
-                f"{path.name}: clear outputs before committing (python notebooks/make_notebooks.py)")
+                f"{path.name}: store it without outputs (python notebooks/make_notebooks.py)")
 
 
 @pytest.mark.slow
