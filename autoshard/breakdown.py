@@ -69,43 +69,64 @@ def path_keys(path: str) -> tuple[str, tuple[str, ...]]:
     return head, tuple(KEY_PATTERN.findall(path[len(head):]))
 
 
+CONTAINER_KEYS = ("['params']", "['param']", "['model']", "['weights']")
+
+
+def is_index(key: str) -> bool:
+    return re.fullmatch(r"\[\d+\]", key) is not None
+
+
 def layer_of(path: str) -> str:
-    """The layer an argument path belongs to.
+    """The layer an argument path belongs to: its keys up to the last list index, else
+    its first key (after a ``['params']``-like container).
 
     Example::
 
-        layer_of("params['layers'][0]['wq']")        # "params['layers'][0]"
-        layer_of("params['ln_f']['scale']")          # "params['ln_f']"
-        layer_of("params['layers']['wq']")           # "params['layers']" (stacked layers)
+        layer_of("params['layers'][0]['wq']")                 # "params['layers'][0]"
+        layer_of("params['ln_f']['scale']")                   # "params['ln_f']"
+        layer_of("params['layers']['wq']")                    # "params['layers']" (stacked)
+        layer_of("state['params']['embed']['embedding'].value")   # "state['params']['embed']"
     """
     head, keys = path_keys(path)
     while keys and keys[-1].startswith("."):      # .value of nnx variables
         keys = keys[:-1]
-    indices = [i for i, k in enumerate(keys) if re.fullmatch(r"\[\d+\]", k)]
+    container = 1 if keys[:1] and keys[0] in CONTAINER_KEYS and len(keys) > 1 else 0
+    indices = [i for i, k in enumerate(keys) if is_index(k)]
     if indices:
-        keys = keys[:indices[-1] + 1]
-    else:
-        keys = keys[:1]
-    return head + "".join(keys)
+        return head + "".join(keys[:indices[-1] + 1])
+    return head + "".join(keys[:container + 1])
+
+
+def mirrors(a_head: str, a_prefix: Sequence[str], b_head: str) -> bool:
+    """Whether keys ``a_prefix`` in front of another argument's keys mark optimizer state:
+    a separate argument (``opt_state``), or an ``opt``/attribute key (``.mu``)."""
+    return a_head != b_head or any("opt" in k.lower() or k.startswith(".") for k in a_prefix)
 
 
 def argument_layers(paths: Sequence[str]) -> list[str]:
     """Per argument path, its layer; optimizer state joins the parameter it mirrors.
 
     ``opt_state['m']['layers'][0]['wq']`` ends with the keys of
-    ``params['layers'][0]['wq']``, so both belong to ``params['layers'][0]``.
+    ``params['layers'][0]['wq']`` behind a longer prefix, so both belong to
+    ``params['layers'][0]``; so do ``state['opt_state'][0].mu['blocks'][0]['w']`` and
+    ``state['params']['blocks'][0]['w']``.
     """
     keyed = [path_keys(p) for p in paths]
-    by_keys: dict[tuple[str, ...], str] = {}
-    for path, (_, keys) in zip(paths, keyed):
-        if keys:
-            by_keys.setdefault(keys, path)
+    by_suffix: dict[tuple[str, ...], list[tuple[int, int]]] = {}
+    for n, (_, keys) in enumerate(keyed):
+        for j in range(len(keys)):
+            by_suffix.setdefault(keys[j:], []).append((j, n))
     layers = []
-    for path, (_, keys) in zip(paths, keyed):
+    for path, (head, keys) in zip(paths, keyed):
         twin = path
         for start in range(1, len(keys)):
-            if keys[start:] in by_keys and not keys[start:][0].startswith("."):
-                twin = by_keys[keys[start:]]
+            suffix = keys[start:]
+            if all(k.startswith(".") for k in suffix):
+                break
+            found = [(j, n) for j, n in by_suffix.get(suffix, ())
+                     if j < start and mirrors(head, keys[:start], keyed[n][0])]
+            if found:
+                twin = paths[min(found)[1]]
                 break
         layers.append(layer_of(twin))
     return layers

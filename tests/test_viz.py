@@ -90,6 +90,18 @@ def test_layer_of_paths():
     assert layer_of("state['blocks'][1]['attn']['query']['kernel'].value") == "state['blocks'][1]"
     assert argument_layers(["params['layers'][0]['w']", "opt_state['m']['layers'][0]['w']",
                             "batch['x']"]) == ["params['layers'][0]"] * 2 + ["batch['x']"]
+    zoo = ["state['params']['blocks'][0]['mlp']['kernel'].value",
+           "state['params']['embed']['embedding'].value",
+           "state['opt_state'][0].mu['blocks'][0]['mlp']['kernel'].value",
+           "state['opt_state'][0].nu['embed']['embedding'].value",
+           "state['opt_state'][0].count", "state['step']"]
+    assert argument_layers(zoo) == [
+        "state['params']['blocks'][0]", "state['params']['embed']",
+        "state['params']['blocks'][0]", "state['params']['embed']",
+        "state['opt_state'][0]", "state['step']"]
+    # a bias of a later layer is no mirror of a top-level parameter of the same name
+    assert argument_layers(["params['b']", "params['layers'][1]['b']"]) == [
+        "params['b']", "params['layers'][1]"]
 
 
 def test_breakdown_survives_json_and_old_json_says_so(plan, mesh_2d):
