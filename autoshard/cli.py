@@ -4,11 +4,17 @@
     autoshard zoo gpt --size tiny --mesh 2x4 --steps 20
     autoshard zoo moe --size small --mesh 2x4 --hardware h100 --memory-budget 40GB \\
         --save-plan plan.json
+    autoshard zoo mlp --mesh 8 --steps 20 --checkpoint-dir ckpt --checkpoint-every 5
+    autoshard zoo mlp --mesh 8 --steps 40 --checkpoint-dir ckpt --resume
+    autoshard launch -n 2 --devices-per-process 4 -- autoshard zoo gpt --mesh 2x4 --steps 10
 
 ``zoo`` plans a zoo model's train step, prints the plan, its predicted and compiled cost,
 a comparison with the model's expert plans, trains a few steps on synthetic data and
 checks the first step against a single-device run. Without an accelerator it simulates
-as many CPU devices as the mesh has (set before JAX's backend starts).
+as many CPU devices as the mesh has (set before JAX's backend starts). Started by
+``autoshard launch`` (or with the ``AUTOSHARD_*`` variables of ``autoshard.launch`` set)
+it joins the multi-process run instead: every process plans the same step and feeds its
+own shards, process 0 prints the tables and every process its losses.
 """
 
 from __future__ import annotations
@@ -89,6 +95,41 @@ def load_hardware(text: str | None):
         raise CliError(f"hardware file {text}: {e}") from None
 
 
+def launched() -> bool:
+    """Whether ``autoshard.launch`` (or a cluster launcher setting its variables) started us."""
+    from autoshard.launch import ENV_COORDINATOR_ADDRESS, ENV_NUM_PROCESSES
+    return bool(os.environ.get(ENV_COORDINATOR_ADDRESS) or os.environ.get(ENV_NUM_PROCESSES))
+
+
+def check_checkpoint_flags(checkpoint_dir: Path | None, checkpoint_every: int,
+                           resume: bool) -> None:
+    """Bad combinations of ``--checkpoint-dir``, ``--checkpoint-every`` and ``--resume``."""
+    if checkpoint_dir is None:
+        if resume:
+            raise CliError("--resume needs --checkpoint-dir (the directory to resume from)")
+        if checkpoint_every:
+            raise CliError("--checkpoint-every needs --checkpoint-dir (where to save)")
+        return
+    if not checkpoint_every and not resume:
+        raise CliError(f"--checkpoint-dir {checkpoint_dir} saves nothing without "
+                       "--checkpoint-every K (or --resume to continue from it)")
+    if checkpoint_dir.exists() and not checkpoint_dir.is_dir():
+        raise CliError(f"--checkpoint-dir {checkpoint_dir} is not a directory")
+
+
+def checkpoint_start(checkpoint_dir: Path | None, resume: bool) -> int | None:
+    """The latest complete checkpoint's step; refuses to write over one without --resume."""
+    if checkpoint_dir is None or not checkpoint_dir.is_dir():
+        return None
+    from autoshard.checkpoint import latest_step
+    latest = latest_step(checkpoint_dir)
+    if latest is not None and not resume:
+        raise CliError(f"--checkpoint-dir {checkpoint_dir} already holds checkpoints (latest "
+                       f"step {latest}): add --resume to continue from it, or use an empty "
+                       "directory")
+    return latest
+
+
 def simulate_devices(count: int) -> None:
     """Ask for ``count`` CPU devices; must run before JAX's backend starts."""
     flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "",
@@ -101,8 +142,17 @@ def simulate_devices(count: int) -> None:
 # --------------------------------------------------------------------------- views
 
 
+_quiet = False      # set on processes other than 0 of a multi-process run
+
+
+def say(text: str) -> None:
+    """Print, on process 0 only (every process of a single-process run)."""
+    if not _quiet:
+        typer.echo(text)
+
+
 def stage(index: int, total: int, text: str) -> float:
-    typer.echo(f"[{index}/{total}] {text}")
+    say(f"[{index}/{total}] {text}")
     return time.perf_counter()
 
 
@@ -163,80 +213,133 @@ def list_models() -> None:
         typer.echo(f"{name:<10} sizes: {', '.join(models.get(name).sizes)}")
 
 
+def start_backend(count: int):
+    """Join the launcher's multi-process run, or simulate ``count`` devices; returns ProcessInfo."""
+    from autoshard.launch import ENV_DEVICES_PER_PROCESS, ENV_NUM_PROCESSES
+    alone = os.environ.get(ENV_NUM_PROCESSES, "1") == "1"
+    if launched():
+        if alone and not os.environ.get(ENV_DEVICES_PER_PROCESS):
+            simulate_devices(count)     # one process: it holds the whole mesh
+        from autoshard import distributed
+        return distributed.initialize()
+    simulate_devices(count)
+    from autoshard.distributed import ProcessInfo
+    return ProcessInfo(0, 1, None)
+
+
 def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | None,
             memory_budget: str | None, save_plan: Path | None, axes: str | None,
-            respect_annotations: bool, seed: int) -> None:
+            respect_annotations: bool, seed: int, checkpoint_dir: Path | None = None,
+            checkpoint_every: int = 0, resume: bool = False) -> None:
+    global _quiet
     shape, names = parse_mesh(mesh_text, axes)
     count = math.prod(shape)
     budget = parse_bytes(memory_budget) if memory_budget else None
-    simulate_devices(count)
+    check_checkpoint_flags(checkpoint_dir, checkpoint_every, resume)
+    info = start_backend(count)
     import jax
     import autoshard
     import autoshard.inspect
-    from autoshard import experts, models, train
+    from autoshard import distributed, experts, models, train
 
+    multi = jax.process_count() > 1
+    _quiet = not info.is_primary
     entry = models.get(model)            # unknown names fail before any work
     if size not in entry.sizes:
         raise CliError(f"model {model!r} has no size {size!r}; sizes: {', '.join(entry.sizes)}")
     if len(jax.devices()) != count:
         raise CliError(f"mesh {mesh_text} needs {count} devices; {jax.devices()[0].platform} "
-                       f"has {len(jax.devices())}")
+                       f"has {len(jax.devices())}"
+                       + (f" over {jax.process_count()} processes" if multi else ""))
     hw = load_hardware(hardware)
+    latest = checkpoint_start(checkpoint_dir, resume)
+    if multi:
+        typer.echo(f"process {info.process_id}/{info.num_processes}: "
+                   f"{jax.local_device_count()} local of {jax.device_count()} devices")
     total = 6
     t = stage(1, total, f"building {model}/{size} (seed {seed})")
     case = entry.train_case(size, seed=seed)
     mesh = autoshard.make_mesh(shape, names)
-    typer.echo(f"      {len(jax.tree.leaves(case.state))} state arrays, mesh "
-               f"{dict(zip(names, shape))} on {jax.devices()[0].platform}, "
-               f"{time.perf_counter() - t:.1f} s")
+    say(f"      {len(jax.tree.leaves(case.state))} state arrays, mesh "
+        f"{dict(zip(names, shape))} on {jax.devices()[0].platform}"
+        + (f" ({jax.process_count()} processes)" if multi else "")
+        + f", {time.perf_counter() - t:.1f} s")
 
     pins = case.annotation_pins(mesh) if case.annotations else {}
     t = stage(2, total, "planning (trace, cost, solve)"
-              + (" with the model's annotations pinned" if respect_annotations and pins else ""))
-    plan = autoshard.plan(case.train_step, *case.args, mesh=mesh, hardware=hw,
-                          memory_budget=budget, donate_argnums=case.donate_argnums,
-                          pins=pins if respect_annotations else None)
+              + (" with the model's annotations pinned" if respect_annotations and pins else "")
+              + (", agreed across processes" if multi else ""))
+    plan_kwargs = dict(mesh=mesh, hardware=hw, memory_budget=budget,
+                       donate_argnums=case.donate_argnums,
+                       pins=pins if respect_annotations else None)
+    if multi:      # the state must come out as it went in; every process takes process 0's plan
+        plan = distributed.plan_train_step(case.train_step, *case.args, **plan_kwargs)
+    else:
+        plan = autoshard.plan(case.train_step, *case.args, **plan_kwargs)
     s = plan.solver
-    typer.echo(f"      trace {s.get('trace_s', 0):.1f} s, cost {s.get('cost_s', 0):.1f} s, "
-               f"solve {s.get('solve_s', 0):.1f} s ({s.get('status', '')})")
-    typer.echo(plan.summary_text())
+    say(f"      trace {s.get('trace_s', 0):.1f} s, cost {s.get('cost_s', 0):.1f} s, "
+        f"solve {s.get('solve_s', 0):.1f} s ({s.get('status', '')})")
+    say(plan.summary_text())
     if pins and not respect_annotations:
         diff = annotation_diff(plan, pins)
-        typer.echo(f"annotated vs auto plan: {len(diff)} of {len(pins)} annotated params "
-                   "differ" + (":" if diff else ""))
+        say(f"annotated vs auto plan: {len(diff)} of {len(pins)} annotated params "
+            "differ" + (":" if diff else ""))
         for line in diff:
-            typer.echo(line)
-    if save_plan:
+            say(line)
+    if save_plan and info.is_primary:
         save_plan.write_text(plan.to_json())
-        typer.echo(f"plan saved to {save_plan}")
+        say(f"plan saved to {save_plan}")
 
     t = stage(3, total, "compiling the plan: predicted vs compiled (per device)")
     abstract_args = case.abstract_args()
     report = plan.report(*abstract_args)
-    typer.echo(str(report))
+    say(str(report))
 
     t = stage(4, total, f"compiling expert plans: {', '.join(case.experts)}")
     rows = [("auto", report.compiled)]
     for name in case.experts:
         compiled = experts.compile_expert(case, mesh, name, abstract_args)
         rows.append((name, autoshard.inspect.inspect(compiled, hw, mesh)))
-    typer.echo(comparison_table(rows))
+    say(comparison_table(rows))
 
-    t = stage(5, total, f"training {steps} steps on synthetic data")
-    reference = jax.device_get(jax.jit(case.train_step)(*case.args))
-    first = jax.device_get(plan.jit(donate_argnums=())(*case.args))
-    state = jax.tree.map(lambda x: x.copy(), case.state)
-    losses = train.run(case, plan.jit(), state, steps=steps, shardings=plan.in_shardings,
-                       log=lambda line: typer.echo("      " + line))
+    t = stage(5, total, f"training {steps} steps on synthetic data"
+              + (f", checkpoints every {checkpoint_every} in {checkpoint_dir}"
+                 if checkpoint_every else ""))
+    if resume and latest is None:
+        say(f"      no checkpoint in {checkpoint_dir} yet: starting from step 0")
+    log = lambda line: typer.echo("      " + line)      # noqa: E731  (every process)
+    loop = dict(checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir),
+                checkpoint_every=checkpoint_every, resume=resume, log=log)
+    if multi:      # each process fills only the shards (and batch rows) its devices hold
+        state_shardings, batch_shardings = plan.in_shardings
+        jitted = plan.jit()
+
+        def step_fn(state, batch):
+            state, loss = jitted(state, distributed.put_batch(batch, batch_shardings))
+            return state, distributed.to_host(loss)
+
+        state = distributed.put(case.state, state_shardings)
+        losses = train.run(case, step_fn, state, steps=steps, **loop)
+    else:
+        reference = jax.device_get(jax.jit(case.train_step)(*case.args))
+        first = jax.device_get(plan.jit(donate_argnums=())(*case.args))
+        state = jax.tree.map(lambda x: x.copy(), case.state)
+        losses = train.run(case, plan.jit(), state, steps=steps,
+                           shardings=plan.in_shardings, **loop)
     if losses:
-        typer.echo(f"      loss {losses[0]:.4f} -> {losses[-1]:.4f} in "
-                   f"{time.perf_counter() - t:.1f} s")
+        say(f"      loss {losses[0]:.4f} -> {losses[-1]:.4f} in "
+            f"{time.perf_counter() - t:.1f} s")
+    elif resume and latest is not None:
+        say(f"      nothing to run: the checkpoint is at step {latest}, --steps {steps}")
 
     stage(6, total, f"numerics of step 0 vs one device (rtol {case.rtol:g}, "
                     f"atol {case.atol:g})")
+    if multi:
+        say("      skipped: a multi-process run has no single-device reference")
+        return
     ok, worst, where = numerics_check(case, first, reference)
-    typer.echo(f"      {'PASS' if ok else 'FAIL'}: worst error {worst:.3g} of tolerance"
-               + (f" at {where}" if where else ""))
+    say(f"      {'PASS' if ok else 'FAIL'}: worst error {worst:.3g} of tolerance"
+        + (f" at {where}" if where else ""))
     if not ok:
         raise typer.Exit(1)
 
@@ -246,7 +349,8 @@ def zoo(
     model: Optional[str] = typer.Argument(None, help="zoo model, e.g. gpt (see --list)"),
     size: str = typer.Option("tiny", help="size name: tiny, small, large, ..."),
     mesh: str = typer.Option("2x4", help="mesh shape, e.g. 8 or 2x4"),
-    steps: int = typer.Option(20, min=0, help="training steps to run"),
+    steps: int = typer.Option(20, min=0, help="training steps to run (the last is step "
+                                              "steps-1, also when resuming)"),
     list_models_: bool = typer.Option(False, "--list", help="list models and sizes"),
     hardware: Optional[str] = typer.Option(None, help="h100, or a JSON file of Hardware fields"),
     memory_budget: Optional[str] = typer.Option(None, help="bytes per device, e.g. 40GB"),
@@ -255,6 +359,13 @@ def zoo(
     respect_annotations: bool = typer.Option(
         False, help="pin the model's nnx.with_partitioning annotations"),
     seed: int = typer.Option(0, help="seed of the initial params and the data"),
+    checkpoint_dir: Optional[Path] = typer.Option(
+        None, help="save sharded checkpoints of the train state here"),
+    checkpoint_every: int = typer.Option(
+        0, min=0, help="save a checkpoint after every K steps (0: never)"),
+    resume: bool = typer.Option(
+        False, "--resume", help="continue from the latest complete checkpoint in "
+                                "--checkpoint-dir"),
 ):
     """Plan, compare, train and check a zoo model on a (simulated) device mesh."""
     if list_models_:
@@ -263,7 +374,37 @@ def zoo(
     if model is None:
         raise CliError("name a model (see autoshard zoo --list)")
     run_zoo(model, size, mesh, steps, hardware, memory_budget, save_plan, axes,
-            respect_annotations, seed)
+            respect_annotations, seed, checkpoint_dir, checkpoint_every, resume)
+
+
+@app.command(context_settings={"allow_interspersed_args": False,
+                               "ignore_unknown_options": True})
+def launch(
+    command: Optional[list[str]] = typer.Argument(
+        None, help="-- then the command every process runs"),
+    num_processes: int = typer.Option(..., "-n", "--num-processes", min=1,
+                                      help="processes to start"),
+    devices_per_process: Optional[int] = typer.Option(
+        None, min=1, help="simulated CPU devices per process"),
+    platform: str = typer.Option(
+        "cpu", help="JAX_PLATFORMS for the processes ('cpu'; '' leaves it unset)"),
+    port: Optional[int] = typer.Option(None, help="coordinator port (default: a free one)"),
+    timeout: Optional[float] = typer.Option(None, help="seconds before terminating all"),
+):
+    """Run a command as N processes of one jax.distributed run on this machine.
+
+    Same as python -m autoshard.launch: each output line is prefixed with its process's
+    number; when one process fails the others are terminated and its exit code returned.
+    """
+    from autoshard import launch as launcher
+    command = list(command or [])
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise CliError("give the command to run after --, e.g. autoshard launch -n 2 "
+                       "--devices-per-process 4 -- autoshard zoo gpt --mesh 2x4")
+    return launcher.launch(command, num_processes, devices_per_process=devices_per_process,
+                           platform=platform or None, port=port, timeout_s=timeout)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,7 @@
 """The ``autoshard`` command, run in subprocesses (each sets its own simulated devices)."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -64,3 +65,63 @@ def test_respect_annotations_pins_megatron_layout():
     assert result.returncode == 0, result.stderr[-2000:]
     assert "with the model's annotations pinned" in result.stdout
     assert "PASS" in result.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--resume"], "--resume needs --checkpoint-dir"),
+    (["--checkpoint-every", "2"], "--checkpoint-every needs --checkpoint-dir"),
+    (["--checkpoint-dir", "ckpt"], "saves nothing without --checkpoint-every"),
+    (["--checkpoint-every", "-1"], "--checkpoint-every"),
+])
+def test_bad_checkpoint_flags_are_one_line(args, message):
+    result = autoshard("zoo", "mlp", "--steps", "1", *args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def losses_by_step(out: str) -> dict[int, str]:
+    return {int(m.group(1)): m.group(2)
+            for m in re.finditer(r"^\s*step\s+(\d+)\s+loss\s+(\S+)$", out, re.MULTILINE)}
+
+
+def test_checkpoint_and_resume(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    common = ("zoo", "mlp", "--size", "tiny", "--mesh", "8", "--checkpoint-dir", ckpt)
+    first = autoshard(*common, "--steps", "4", "--checkpoint-every", "2")
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert sorted(losses_by_step(first.stdout)) == [0, 1, 2, 3], first.stdout
+    assert sorted(os.listdir(ckpt)) == ["2", "4"]
+
+    again = autoshard(*common, "--steps", "6", "--checkpoint-every", "2")   # no --resume
+    assert again.returncode == 2 and "add --resume" in again.stderr, again.stderr
+
+    resumed = autoshard(*common, "--steps", "6", "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resumed from checkpoint 4 (next step 4)" in resumed.stdout, resumed.stdout
+    assert sorted(losses_by_step(resumed.stdout)) == [4, 5], resumed.stdout
+    assert "PASS" in resumed.stdout
+
+
+def test_launch_needs_a_command():
+    result = autoshard("launch", "-n", "2")
+    assert result.returncode == 2
+    assert "give the command to run after --" in result.stderr.strip().splitlines()[0]
+
+
+@pytest.mark.slow
+def test_launch_zoo_two_processes():
+    zoo = [sys.executable, "-m", "autoshard.cli", "zoo", "gpt", "--size", "tiny",
+           "--mesh", "2x4", "--steps", "3"]
+    result = autoshard("launch", "-n", "2", "--devices-per-process", "4", "--", *zoo)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    out = result.stdout
+    for pid in (0, 1):
+        assert f"[p{pid}] process {pid}/2: 4 local of 8 devices" in out, out[-3000:]
+        prefix = f"[p{pid}]"
+        steps = losses_by_step("\n".join(line[len(prefix):] for line in out.splitlines()
+                                         if line.startswith(prefix)))
+        assert sorted(steps) == [0, 1, 2], out[-3000:]
+    assert "[p0] plan " in out and "[p1] plan " not in out     # tables on process 0 only
+    assert "[p0]       skipped: a multi-process run" in out
