@@ -287,8 +287,12 @@ class AutoSharded:
     def __call__(self, *args):
         key = abstract_signature(args)
         if key not in self._jitted:
-            self._jitted[key] = self.plan_for(*args).jit()
-        return self._jitted[key](*args)
+            plan_ = self.plan_for(*args)
+            self._jitted[key] = (plan_.jit(), plan_.in_shardings)
+        jitted, in_shardings = self._jitted[key]
+        # arrays placed otherwise (e.g. last step's outputs) move to the plan's shardings;
+        # jit refuses committed arguments sharded differently from in_shardings
+        return jitted(*jax.device_put(args, in_shardings))
 
 
 def auto_shard(fn: Callable | None = None, *, mesh: Mesh, hardware: Hardware | None = None,

@@ -9,6 +9,7 @@ beside the compiled figures of the auto plan.
 
 Run: python benchmarks/plan_quality.py [--cases gpt,moe,resnet,inference,gpt_budget]
                                        [--meshes 8,2x4,8x2] [--json out.json]
+     python benchmarks/plan_quality.py --cases mlp,vit,gpt_scan      # the rest of the zoo
 """
 
 import argparse
@@ -103,7 +104,12 @@ CASES = {
     "inference": inference_case,
     "gpt_budget": lambda: dataclasses.replace(zoo_case("gpt"), name="gpt/small budget",
                                               budget_fraction_of_dp=0.6),
+    # the rest of the zoo's small sizes
+    "mlp": lambda: zoo_case("mlp"),
+    "vit": lambda: zoo_case("vit"),
+    "gpt_scan": lambda: zoo_case("gpt_scan"),
 }
+DEFAULT_CASES = ("gpt", "moe", "resnet", "inference", "gpt_budget")
 
 
 @dataclasses.dataclass
@@ -196,7 +202,8 @@ def print_tables(rows: list[Row]) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--cases", default=",".join(DEFAULT_CASES),
+                        help=f"comma-separated, from {', '.join(CASES)}")
     parser.add_argument("--meshes", default=",".join(MESHES))
     parser.add_argument("--json", default=None, help="write every row to this file")
     args = parser.parse_args(argv)

@@ -41,6 +41,20 @@ def test_auto_shard_decorator_caches_per_signature(mesh_2d):
     assert step.plan_for(*program.args) is next(iter(step._plans.values()))
 
 
+def test_auto_shard_takes_its_own_outputs_back(mesh_1d):
+    """Two steps, the second fed the first's outputs (sharded as the plan's outputs, which
+    need not match its inputs without donation), equal two single-device steps."""
+    program = PROGRAMS["mlp_train_step"]
+    params, batch = program.args
+    step = autoshard.auto_shard(program.fn, mesh=mesh_1d)
+    new_params, _ = step(params, batch)
+    _, loss = step(new_params, batch)
+    reference = jax.jit(program.fn)
+    expected_params, _ = reference(params, batch)
+    _, expected_loss = reference(expected_params, batch)
+    np.testing.assert_allclose(float(loss), float(expected_loss), rtol=RTOL, atol=program.atol)
+
+
 def test_donation_keeps_numerics(mesh_1d):
     program = PROGRAMS["mlp_train_step"]
     expected = jax.jit(program.fn)(*program.args)
