@@ -244,11 +244,10 @@ class _Builder:
         dsts = [self.space.strategies[node.id][c].in_specs[i] for c in self.choice[node.id]]
         # distinct specs in order of first appearance: the same program gives the same
         # matrices, whatever the process's hash seed
-        src_keys, dst_keys = list(dict.fromkeys(srcs)), list(dict.fromkeys(dsts))
-        src_idx = [src_keys.index(s) for s in srcs]
-        dst_idx = [dst_keys.index(d) for d in dsts]
+        src_keys = {s: i for i, s in enumerate(dict.fromkeys(srcs))}
+        dst_keys = {d: i for i, d in enumerate(dict.fromkeys(dsts))}
         small = np.array([[self.reshard(value.id, a, b) for b in dst_keys] for a in src_keys])
-        return small[np.ix_(src_idx, dst_idx)]
+        return small[np.ix_([src_keys[s] for s in srcs], [dst_keys[d] for d in dsts])]
 
     def build_shared_costs(self) -> tuple[SharedCost, ...]:
         members: dict[tuple, set] = {}
@@ -317,8 +316,9 @@ class _Builder:
             users = [u for u, _ in graph.users[value.id]]
             last_use[value.id] = max([value.producer, *users])
         births: dict[int, list[int]] = {}
+        not_temporary = resident | aliased
         for value in graph.values:
-            if value.id in resident | aliased or not self.space.materialized[value.id]:
+            if value.id in not_temporary or not self.space.materialized[value.id]:
                 continue
             if graph.nodes[value.producer].kind == "boundary":
                 continue  # a loop seam aliases the buffer it connects

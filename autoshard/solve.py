@@ -124,9 +124,6 @@ def tie_up(request: Request, choice: np.ndarray) -> np.ndarray:
     return choice
 
 
-def ties_broken(request: Request, choice) -> int:
-    return sum(int(ku[choice[u]] != kv[choice[v]]) for u, v, ku, kv in request.ties)
-
 
 def smallest_memory_choice(request: Request) -> np.ndarray:
     bytes_per_group = [np.zeros(len(c)) for c in request.node_costs]

@@ -71,6 +71,11 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return -jnp.mean(picked)
 
 
+def classifier_loss(model, batch) -> jax.Array:
+    """Cross-entropy of ``model(batch["x"])`` against ``batch["y"]`` (mlp, resnet, vit)."""
+    return cross_entropy(model(batch["x"]), batch["y"])
+
+
 def adamw(lr: float, weight_decay: float = 0.01, eps: float = 1e-6) -> optax.GradientTransformation:
     """The zoo's optimizer. ``eps = 1e-6`` bounds how much Adam's first step amplifies
     reduction-order noise in near-zero gradients (see ``atol`` of each case)."""

@@ -75,10 +75,6 @@ def class_batch(cfg_batch: int, shape: tuple, classes: int, seed: int, noise: fl
     return make
 
 
-def loss(model, batch):
-    return common.cross_entropy(model(batch["x"]), batch["y"])
-
-
 # Megatron for an MLP: alternate column- and row-parallel layers, so each pair needs one
 # all-reduce (even layers split their output features, odd layers their input features).
 def tp_rules(cfg: MLPConfig) -> list:
@@ -99,7 +95,8 @@ def train_case(size: str = "tiny", *, abstract: bool = False, seed: int = 0,
     cfg = config or SIZES[size]
     module = common.abstract_model(lambda rngs: MLP(cfg, rngs=rngs))
     return common.build_case(
-        model="mlp", size=size, module=module, tx=common.adamw(cfg.lr), loss_fn=loss,
+        model="mlp", size=size, module=module, tx=common.adamw(cfg.lr),
+        loss_fn=common.classifier_loss,
         make=class_batch(cfg.batch, (cfg.d_in,), cfg.classes, seed),
         experts=lambda state, batch: ex.standard_experts(state, batch, tp_rules(cfg)),
         # Adam's first step bounds reduction-order noise to ~0.1 lr (see gpt.lm_atol).

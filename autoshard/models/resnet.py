@@ -98,17 +98,14 @@ class ResNet(nnx.Module):
         return self.head(jnp.mean(x, axis=(1, 2)))
 
 
-def loss(model, batch):
-    return common.cross_entropy(model(batch["x"]), batch["y"])
-
-
 def train_case(size: str = "tiny", *, abstract: bool = False, seed: int = 0,
                config: ResNetConfig | None = None) -> TrainCase:
     """The ResNet train step (adamw, batch norm in train mode) of a named size."""
     cfg = config or SIZES[size]
     module = common.abstract_model(lambda rngs: ResNet(cfg, rngs=rngs))
     return common.build_case(
-        model="resnet", size=size, module=module, tx=common.adamw(cfg.lr), loss_fn=loss,
+        model="resnet", size=size, module=module, tx=common.adamw(cfg.lr),
+        loss_fn=common.classifier_loss,
         make=class_batch(cfg.batch, (cfg.image, cfg.image, cfg.in_channels), cfg.classes,
                          seed),
         experts=lambda state, batch: ex.standard_experts(state, batch),

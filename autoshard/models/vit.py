@@ -72,17 +72,14 @@ class ViT(nnx.Module):
         return self.head(jnp.mean(self.ln_f(x), axis=1))
 
 
-def loss(model, batch):
-    return common.cross_entropy(model(batch["x"]), batch["y"])
-
-
 def train_case(size: str = "tiny", *, abstract: bool = False, seed: int = 0,
                config: ViTConfig | None = None) -> TrainCase:
     """The ViT train step (adamw) of a named size."""
     cfg = config or SIZES[size]
     module = common.abstract_model(lambda rngs: ViT(cfg, rngs=rngs))
     return common.build_case(
-        model="vit", size=size, module=module, tx=common.adamw(cfg.lr), loss_fn=loss,
+        model="vit", size=size, module=module, tx=common.adamw(cfg.lr),
+        loss_fn=common.classifier_loss,
         make=class_batch(cfg.batch, (cfg.image, cfg.image, cfg.in_channels), cfg.classes,
                          seed),
         experts=lambda state, batch: ex.standard_experts(state, batch, tp_rules=tp_rules()),
