@@ -14,6 +14,7 @@ from jax.sharding import Mesh, PartitionSpec
 from autoshard import specs
 from autoshard.apply import Decision
 from autoshard.breakdown import cost_breakdown, memory_parts
+from autoshard.coarsen import coarsen
 from autoshard.cost import CostGraph, build_cost_graph, reshard_seconds
 from autoshard.errors import MemoryBudgetError, PinError
 from autoshard.hardware import H100, Hardware
@@ -196,7 +197,8 @@ def donated_pairs(graph, donate_argnums: Sequence[int]) -> list[tuple[int, int]]
 
 def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
          memory_budget: float | None = None, pins: Mapping[str, Any] | None = None,
-         donate_argnums: Sequence[int] = (), time_limit_s: float = 60.0) -> Plan:
+         donate_argnums: Sequence[int] = (), time_limit_s: float = 60.0,
+         reuse: bool = True) -> Plan:
     """Plan how to shard ``fn`` at ``args`` over ``mesh``.
 
     Args:
@@ -211,6 +213,8 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
         for arguments (by path, or a path prefix for a whole subtree) and for outputs
         (``"out"``, ``"out[0]"``, ...).
       donate_argnums: arguments whose buffers the outputs may reuse.
+      reuse: solve repeated structure (the layers of an unrolled model) once and give every
+        copy that solution; ``False`` solves every group on its own.
 
     Example::
 
@@ -230,15 +234,17 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
     cg = build_cost_graph(space, donated_pairs(graph, tuple(donate_argnums)))
     request = build_request(cg, budget, time_limit_s)
     costed = time.perf_counter()
+    coarse = coarsen(cg, request, reuse=reuse)
+    coarsened = time.perf_counter()
     try:
-        result = solve(request)
+        result = solve(coarse.request)
     except InfeasibleBudget as e:
         raise MemoryBudgetError(
             f"no plan fits the memory budget of {budget:.4g} bytes per device on mesh {sizes}; "
             f"the smallest the planner reached is {e.smallest_bytes:.4g} bytes",
             budget, e.smallest_bytes) from None
     solved = time.perf_counter()
-    choice = result.choice
+    choice = coarse.expand(result.choice)
     in_avals = [jax.ShapeDtypeStruct(graph.values[graph.nodes[n].outputs[0]].shape,
                                      graph.values[graph.nodes[n].outputs[0]].dtype)
                 for n in graph.arg_nodes]
@@ -249,9 +255,10 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
         else:
             out_specs.append(cg.node_strategy(node_id, choice).out_specs[0])
     solver_info = {"status": result.status, "objective_s": result.objective,
-                   "groups": cg.num_groups, "nodes": len(graph.nodes),
-                   "edges": len(cg.edges), "trace_s": traced - started,
-                   "cost_s": costed - traced, "solve_s": solved - costed}
+                   "groups": cg.num_groups, "solved_groups": coarse.num_classes,
+                   "nodes": len(graph.nodes), "edges": len(cg.edges),
+                   "trace_s": traced - started, "cost_s": costed - traced,
+                   "coarsen_s": coarsened - costed, "solve_s": solved - coarsened}
     return Plan(mesh=mesh, hardware=hw, arguments=argument_infos(cg, request, choice),
                 out_specs=out_specs, decisions=decisions_from(cg, choice),
                 cost=plan_cost(cg, choice, result.memory_bytes),
@@ -297,7 +304,8 @@ class AutoSharded:
 
 def auto_shard(fn: Callable | None = None, *, mesh: Mesh, hardware: Hardware | None = None,
                memory_budget: float | None = None, pins: Mapping[str, Any] | None = None,
-               donate_argnums: Sequence[int] = (), time_limit_s: float = 60.0):
+               donate_argnums: Sequence[int] = (), time_limit_s: float = 60.0,
+               reuse: bool = True):
     """Decorator: shard ``fn`` automatically over ``mesh``; plans on the first call.
 
     Example::
@@ -309,7 +317,7 @@ def auto_shard(fn: Callable | None = None, *, mesh: Mesh, hardware: Hardware | N
         train_step.plan_for(params, opt_state, batch).summary()
     """
     kwargs = dict(mesh=mesh, hardware=hardware, memory_budget=memory_budget, pins=pins,
-                  donate_argnums=donate_argnums, time_limit_s=time_limit_s)
+                  donate_argnums=donate_argnums, time_limit_s=time_limit_s, reuse=reuse)
     if fn is None:
         return lambda f: AutoSharded(f, **kwargs)
     return AutoSharded(fn, **kwargs)

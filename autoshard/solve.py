@@ -150,7 +150,10 @@ class _Ilp:
         edge_costs = []
         next_var = self.num_x
         for u, v, m in request.edges:
-            row_keys, row_of = np.unique(m, axis=0, return_inverse=True)
+            # only allowed strategies get product variables: the others are 0 anyway
+            su = np.flatnonzero(allowed_mask(request, u))
+            sv = np.flatnonzero(allowed_mask(request, v))
+            row_keys, row_of = np.unique(m[np.ix_(su, sv)], axis=0, return_inverse=True)
             col_keys, col_of = np.unique(row_keys, axis=1, return_inverse=True)
             row_of, col_of = row_of.ravel(), col_of.ravel()
             r_n, c_n = col_keys.shape
@@ -160,14 +163,13 @@ class _Ilp:
             for r in range(r_n):        # sum_c e[r, c] = sum of x[u, s] with row(s) = r
                 for c in range(c_n):
                     rows.append(row); cols.append(base + r * c_n + c); vals.append(1.0)
-                for s in np.flatnonzero(row_of == r):
+                for s in su[row_of == r]:
                     rows.append(row); cols.append(self.offsets[u] + s); vals.append(-1.0)
                 lower.append(0.0); upper.append(0.0); row += 1
-            col_of_t = col_of  # row_keys keeps one column per strategy of v
-            for c in range(c_n):
+            for c in range(c_n):        # row_keys keeps one column per strategy of v
                 for r in range(r_n):
                     rows.append(row); cols.append(base + r * c_n + c); vals.append(1.0)
-                for t in np.flatnonzero(col_of_t == c):
+                for t in sv[col_of == c]:
                     rows.append(row); cols.append(self.offsets[v] + t); vals.append(-1.0)
                 lower.append(0.0); upper.append(0.0); row += 1
         shared_costs = []
@@ -227,31 +229,6 @@ class _Ilp:
         choice = np.array([int(np.argmax(x[self.offsets[g]: self.offsets[g + 1]]))
                            for g in range(len(self.offsets) - 1)])
         return choice, res.status
-
-
-def solve(self, time_limit_s: float):
-        a = sparse.csr_array((self.vals, (self.rows, self.cols)),
-                             shape=(self.num_rows, self.num_vars))
-        constraints = optimize.LinearConstraint(a, self.lower, self.upper)
-        res = optimize.milp(self.cost, constraints=constraints, integrality=self.integrality,
-                            bounds=optimize.Bounds(0, self.var_upper),
-                            options={"time_limit": max(time_limit_s, 1.0), "mip_rel_gap": 1e-6,
-                                     "presolve": True})
-        if res.x is None:
-            return None, res.status
-        x = res.x[: self.num_x]
-        choice = np.array([int(np.argmax(x[self.offsets[g]: self.offsets[g + 1]]))
-                           for g in range(len(self.offsets) - 1)])
-        return choice, res.status
-
-
-def _col_index(row_keys, column, row_of):
-    """Index of ``column`` (a column of the full matrix) among row_keys' unique columns."""
-    reduced = np.array([column[np.flatnonzero(row_of == r)[0]] for r in range(len(row_keys))])
-    for c in range(row_keys.shape[1]):
-        if np.array_equal(row_keys[:, c], reduced):
-            return c
-    raise AssertionError("column not found")
 
 
 def solve(request: Request) -> Result:

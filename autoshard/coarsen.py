@@ -1,0 +1,229 @@
+"""coarsen: CostGraph -> a smaller Request that the solver solves in place of the whole one.
+
+Two reductions, both exact for what they keep:
+
+- **Repeated structure.** The layers of an unrolled model (and their backward passes and
+  optimizer updates) are copies of one another: the same primitives, shapes and wiring.
+  Groups are put in classes by colour refinement (Weisfeiler-Lehman) over the group
+  graph, starting from what makes two groups interchangeable (their strategies, follower
+  picks and costs) and refining by their neighbours for a few rounds, so that a copy next
+  to something different (the first layer after the embedding, the last before the head)
+  keeps a class of its own. Every class is solved as one group: its costs, the edges of
+  all its members and their memory terms are summed onto it, so that the reduced problem
+  prices exactly every plan in which copies choose alike, boundaries included.
+- **Dominated strategies.** A strategy never cheaper (alone and against every neighbour)
+  and never smaller than another of its group is never needed; it is excluded.
+
+``coarsen`` returns the reduced request and the map that expands its choice back to every
+group of the original one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from autoshard.cost import CostGraph
+from autoshard.solve import Request, allowed_mask
+
+REFINE_ROUNDS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Coarsened:
+    request: Request
+    class_of_group: np.ndarray      # original group -> group of the reduced request
+
+    def expand(self, choice: Sequence[int]) -> np.ndarray:
+        return np.asarray(choice)[self.class_of_group]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.request.node_costs)
+
+
+def interner():
+    """A function giving equal keys equal small ints, in order of first appearance: exact
+    (no hash collisions) and the same in every process."""
+    table: dict = {}
+    return lambda key: table.setdefault(key, len(table))
+
+
+def node_keys(cg: CostGraph) -> list[int]:
+    """Per node: its primitive, its strategies and its follower picks, as a small int."""
+    space = cg.space
+    strategy_key, node_key = interner(), interner()
+    by_tuple: dict[int, int] = {}   # strategy tuples are shared between identical nodes
+    keys = []
+    for node in space.graph.nodes:
+        strategies = space.strategies[node.id]
+        if id(strategies) not in by_tuple:
+            by_tuple[id(strategies)] = strategy_key(
+                tuple((s.in_specs, s.out_specs, s.combined) for s in strategies))
+        keys.append(node_key((node.primitive, by_tuple[id(strategies)],
+                              cg.choice[node.id].tobytes())))
+    return keys
+
+
+def initial_colours(cg: CostGraph, request: Request, keys: list[int]) -> list[int]:
+    """Groups are interchangeable when their members are and the group costs the same."""
+    colour = interner()
+    return [colour((tuple(keys[n] for n in members),
+                    np.round(np.asarray(request.node_costs[g], float), 18).tobytes()))
+            for g, members in enumerate(cg.groups)]
+
+
+def group_links(cg: CostGraph, keys: list[int]) -> tuple[list[list], list[list]]:
+    """Per group, its (label, neighbour) pairs into and out of it. A label says which kind
+    of node's which result feeds which kind of node's which operand; it names nodes by
+    kind, not by place in their group, because one group may span every layer (the
+    residual stream follows its adds from the embedding to the head)."""
+    graph = cg.space.graph
+    ins = [[] for _ in cg.groups]
+    outs = [[] for _ in cg.groups]
+    for node in graph.nodes:
+        gv = cg.group_of_node[node.id]
+        for i, value_id in enumerate(node.operands):
+            if value_id is None:
+                continue
+            value = graph.values[value_id]
+            gu = cg.group_of_node[value.producer]
+            if gu == gv:
+                continue
+            label = (keys[value.producer], value.index, keys[node.id], i)
+            ins[gv].append((label, gu))
+            outs[gu].append((label, gv))
+    return ins, outs
+
+
+def refine(colours: list[int], ins, outs, rounds: int) -> list[int]:
+    for _ in range(rounds):
+        colour = interner()
+        colours = [colour((c, tuple(sorted((l, colours[h]) for l, h in ins[g])),
+                           tuple(sorted((l, colours[h]) for l, h in outs[g]))))
+                   for g, c in enumerate(colours)]
+    return colours
+
+
+def repeated_classes(cg: CostGraph, request: Request, rounds: int = REFINE_ROUNDS) -> np.ndarray:
+    """Class per group, numbered in order of first appearance."""
+    keys = node_keys(cg)
+    ins, outs = group_links(cg, keys)
+    colours = refine(initial_colours(cg, request, keys), ins, outs, rounds)
+    number = interner()
+    return np.array([number(c) for c in colours], dtype=np.int64)
+
+
+def quotient(request: Request, class_of: np.ndarray) -> Request:
+    """The request over classes: every plan whose groups of one class choose alike costs
+    (and weighs) the same in both."""
+    num = int(class_of.max()) + 1 if len(class_of) else 0
+    node_costs = [None] * num
+    for g, c in enumerate(class_of):
+        cost = np.asarray(request.node_costs[g], float)
+        node_costs[c] = cost.copy() if node_costs[c] is None else node_costs[c] + cost
+    edges: dict[tuple[int, int], np.ndarray] = {}
+    for u, v, m in request.edges:
+        cu, cv = int(class_of[u]), int(class_of[v])
+        if cu == cv:
+            node_costs[cu] = node_costs[cu] + np.diag(m)
+        elif (cv, cu) in edges:
+            edges[(cv, cu)] = edges[(cv, cu)] + m.T
+        else:
+            edges[(cu, cv)] = edges.get((cu, cv), 0) + m
+    allowed = [None] * num
+    for g in range(len(class_of)):
+        if g < len(request.allowed) and request.allowed[g] is not None:
+            c = class_of[g]
+            mine = set(np.asarray(request.allowed[g]).tolist())
+            allowed[c] = mine if allowed[c] is None else allowed[c] & mine
+    ties, node_allowed = [], {}
+    for u, v, keys_u, keys_v in request.ties:
+        cu, cv = int(class_of[u]), int(class_of[v])
+        if cu == cv:   # one choice for both: only strategies whose keys agree
+            same = set(np.flatnonzero(keys_u == keys_v).tolist())
+            allowed[cu] = same if allowed[cu] is None else allowed[cu] & same
+        else:
+            ties.append((cu, cv, keys_u, keys_v))
+    shared = [(seconds, tuple(sorted({(int(class_of[g]), s) for g, s in members})))
+              for seconds, members in request.shared_costs]
+    return dataclasses.replace(
+        request, node_costs=node_costs,
+        edges=[(u, v, m) for (u, v), m in edges.items()],
+        memory_terms=[(int(class_of[g]), b) for g, b in request.memory_terms],
+        allowed=[None if a is None else np.array(sorted(a), dtype=np.int64) for a in allowed],
+        shared_costs=shared, ties=_unique_ties(ties))
+
+
+def _unique_ties(ties):
+    seen, out = set(), []
+    for u, v, ku, kv in ties:
+        key = (u, v, ku.tobytes(), kv.tobytes())
+        if key not in seen:
+            seen.add(key)
+            out.append((u, v, ku, kv))
+    return out
+
+
+def strategy_features(request: Request) -> list[np.ndarray]:
+    """Per group, one row per strategy of everything that strategy costs or weighs: its
+    own seconds, its row of every edge matrix, its bytes in every memory term, its share
+    of every shared cost. A tie's keys enter as +key and -key, so only equal keys compare."""
+    feats: list[list[np.ndarray]] = [[np.asarray(c, float)[:, None]] for c in request.node_costs]
+    for u, v, m in request.edges:
+        feats[u].append(m)
+        feats[v].append(m.T)
+    for g, b in request.memory_terms:
+        feats[g].append(np.asarray(b, float)[:, None])
+    for seconds, members in request.shared_costs:
+        by_group: dict[int, np.ndarray] = {}
+        for g, s in members:
+            by_group.setdefault(g, np.zeros(len(request.node_costs[g])))[s] = seconds
+        for g, paid in by_group.items():
+            feats[g].append(paid[:, None])
+    for u, v, keys_u, keys_v in request.ties:
+        feats[u].append(np.stack([keys_u, -keys_u], axis=1).astype(float))
+        feats[v].append(np.stack([keys_v, -keys_v], axis=1).astype(float))
+    return [np.concatenate(f, axis=1) for f in feats]
+
+
+def undominated(features: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """Allowed strategies no other allowed one beats: not worse anywhere, and better
+    somewhere or equal and listed first."""
+    f = features[allowed]
+    n = len(f)
+    not_worse = (f[:, None, :] <= f[None, :, :]).all(-1)     # [a, b]: a <= b everywhere
+    better = (f[:, None, :] < f[None, :, :]).any(-1)
+    first = np.arange(n)[:, None] < np.arange(n)[None, :]
+    beats = not_worse & (better | first)
+    np.fill_diagonal(beats, False)
+    return np.flatnonzero(allowed)[~beats.any(axis=0)]
+
+
+MAX_DOMINANCE_FEATURES = 4096   # past this, comparing all pairs costs more than it saves
+
+
+def drop_dominated(request: Request) -> Request:
+    """Exclude every strategy another strategy of its group dominates: replacing it by
+    the dominating one never costs more time or memory, whatever the other groups pick."""
+    allowed = []
+    for g, f in enumerate(strategy_features(request)):
+        mask = allowed_mask(request, g)
+        if f.shape[1] > MAX_DOMINANCE_FEATURES or mask.sum() <= 1:
+            allowed.append(None if mask.all() else np.flatnonzero(mask))
+            continue
+        allowed.append(undominated(f, mask))
+    return dataclasses.replace(request, allowed=allowed)
+
+
+def coarsen(cg: CostGraph, request: Request, reuse: bool = True) -> Coarsened:
+    """The request to solve in place of ``request`` (built from ``cg``): layers solved once
+    when ``reuse``, dominated strategies dropped always."""
+    if reuse:
+        class_of = repeated_classes(cg, request)
+        reduced = quotient(request, class_of)
+    else:
+        class_of, reduced = np.arange(len(request.node_costs)), request
+    return Coarsened(drop_dominated(reduced), class_of)
