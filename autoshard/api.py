@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import re
 import time
 from typing import Any, Callable, Mapping, Sequence
@@ -14,15 +15,17 @@ from jax.sharding import Mesh, PartitionSpec
 from autoshard import specs
 from autoshard.apply import Decision
 from autoshard.breakdown import cost_breakdown, memory_parts
+from autoshard.cache import PLANS, cache_dir, plan_key
 from autoshard.coarsen import coarsen
 from autoshard.cost import CostGraph, build_cost_graph, reshard_seconds
 from autoshard.errors import MemoryBudgetError, PinError
 from autoshard.hardware import H100, Hardware
 from autoshard.mesh import as_auto_mesh, axis_sizes
 from autoshard.plan import ArgumentInfo, Plan, PlanCost, program_fingerprint
+from autoshard.progress import PlanProgress
 from autoshard.solve import InfeasibleBudget, Request, solve
 from autoshard.strategies import build_strategies
-from autoshard.trace import trace
+from autoshard.trace import build_graph, trace_program
 
 ALTERNATIVES_SHOWN = 4
 
@@ -198,7 +201,9 @@ def donated_pairs(graph, donate_argnums: Sequence[int]) -> list[tuple[int, int]]
 def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
          memory_budget: float | None = None, pins: Mapping[str, Any] | None = None,
          donate_argnums: Sequence[int] = (), time_limit_s: float = 60.0,
-         reuse: bool = True) -> Plan:
+         reuse: bool = True, cache: bool = True,
+         cache_directory: str | os.PathLike | None = None,
+         progress: bool | None = None) -> Plan:
     """Plan how to shard ``fn`` at ``args`` over ``mesh``.
 
     Args:
@@ -215,6 +220,11 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
       donate_argnums: arguments whose buffers the outputs may reuse.
       reuse: solve repeated structure (the layers of an unrolled model) once and give every
         copy that solution; ``False`` solves every group on its own.
+      cache: look the plan up by a hash of the program, mesh, hardware and these options,
+        and keep it: in memory, and on disk under ``cache_directory`` (default: the
+        ``AUTOSHARD_CACHE_DIR`` environment variable; none if unset).
+      progress: show the planning stages on the terminal when planning takes more than a
+        second (default: when stderr is a terminal).
 
     Example::
 
@@ -226,16 +236,51 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
     mesh = as_auto_mesh(mesh)
     hw = hardware or H100
     budget = hw.memory if memory_budget is None else float(memory_budget)
+    with PlanProgress(progress) as show:
+        program = trace_program(fn, *args)
+        fingerprint = program_fingerprint(program.closed_jaxpr, program.leaves)
+        options = {"memory_budget": budget, "donate_argnums": list(donate_argnums),
+                   "pins": sorted((k, repr(v)) for k, v in (pins or {}).items()),
+                   "time_limit_s": time_limit_s, "reuse": reuse}
+        key = plan_key(fingerprint, program.paths, mesh, hw, options)
+        directory = cache_dir(cache_directory)
+        found = PLANS.get(key, directory) if cache else None
+        if found is not None:
+            return cached_plan(found, mesh, program, started)
+        plan_ = solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s,
+                              reuse, show, fingerprint, started)
+        if cache:
+            PLANS.put(key, plan_.to_json(indent=None), directory)
+        return plan_
+
+
+def cached_plan(found: tuple[str, str], mesh: Mesh, program, started: float) -> Plan:
+    text, where = found
+    plan_ = Plan.from_json(text, mesh)
+    plan_._program = (program.closed_jaxpr, program.in_tree, program.out_tree)
+    plan_.solver.update(cache=where, plan_s=time.perf_counter() - started)
+    return plan_
+
+
+def solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s, reuse,
+                  show, fingerprint, started) -> Plan:
+    """The stages after tracing: graph, strategies, costs, coarsening, solving."""
     sizes = axis_sizes(mesh)
-    graph = trace(fn, *args)
+    show.stage(f"building the graph of {program.num_eqns} equations")
+    graph = build_graph(program)
     traced = time.perf_counter()
+    show.stage(f"enumerating strategies for {len(graph.nodes)} nodes")
     pinned = resolve_pins(pins, graph, sizes)
     space = build_strategies(graph, sizes, hw, pinned, combined_collectives(mesh))
+    show.stage(f"pricing {space.num_strategies()} strategies")
     cg = build_cost_graph(space, donated_pairs(graph, tuple(donate_argnums)))
     request = build_request(cg, budget, time_limit_s)
     costed = time.perf_counter()
+    show.stage(f"coarsening {cg.num_groups} groups")
     coarse = coarsen(cg, request, reuse=reuse)
     coarsened = time.perf_counter()
+    show.stage(f"solving {coarse.num_classes} groups "
+               f"({sum(len(c) for c in coarse.request.node_costs)} strategies)")
     try:
         result = solve(coarse.request)
     except InfeasibleBudget as e:
@@ -244,29 +289,29 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
             f"the smallest the planner reached is {e.smallest_bytes:.4g} bytes",
             budget, e.smallest_bytes) from None
     solved = time.perf_counter()
+    show.stage("writing the plan")
     choice = coarse.expand(result.choice)
-    in_avals = [jax.ShapeDtypeStruct(graph.values[graph.nodes[n].outputs[0]].shape,
-                                     graph.values[graph.nodes[n].outputs[0]].dtype)
-                for n in graph.arg_nodes]
     out_specs = []
     for node_id, aval in zip(graph.output_nodes, graph.out_avals):
         if node_id is None:
             out_specs.append(specs.replicated(len(aval.shape)))
         else:
             out_specs.append(cg.node_strategy(node_id, choice).out_specs[0])
-    solver_info = {"status": result.status, "objective_s": result.objective,
-                   "groups": cg.num_groups, "solved_groups": coarse.num_classes,
-                   "nodes": len(graph.nodes), "edges": len(cg.edges),
-                   "trace_s": traced - started, "cost_s": costed - traced,
-                   "coarsen_s": coarsened - costed, "solve_s": solved - coarsened}
-    return Plan(mesh=mesh, hardware=hw, arguments=argument_infos(cg, request, choice),
-                out_specs=out_specs, decisions=decisions_from(cg, choice),
-                cost=plan_cost(cg, choice, result.memory_bytes),
-                fingerprint=program_fingerprint(graph.closed_jaxpr, in_avals),
-                memory_budget=budget, donate_argnums=tuple(donate_argnums),
-                program=(graph.closed_jaxpr, graph.in_tree, graph.out_tree),
-                solver=solver_info, breakdown=cost_breakdown(cg, choice),
-                memory_parts=memory_parts(cg, choice, result.memory_bytes))
+    plan_ = Plan(mesh=mesh, hardware=hw, arguments=argument_infos(cg, request, choice),
+                 out_specs=out_specs, decisions=decisions_from(cg, choice),
+                 cost=plan_cost(cg, choice, result.memory_bytes),
+                 fingerprint=fingerprint, memory_budget=budget,
+                 donate_argnums=tuple(donate_argnums),
+                 program=(graph.closed_jaxpr, graph.in_tree, graph.out_tree),
+                 breakdown=cost_breakdown(cg, choice),
+                 memory_parts=memory_parts(cg, choice, result.memory_bytes))
+    plan_.solver.update({
+        "status": result.status, "objective_s": result.objective, "groups": cg.num_groups,
+        "solved_groups": coarse.num_classes, "nodes": len(graph.nodes),
+        "edges": len(cg.edges), "trace_s": traced - started, "cost_s": costed - traced,
+        "coarsen_s": coarsened - costed, "solve_s": solved - coarsened,
+        "plan_s": time.perf_counter() - started, "cache": None})
+    return plan_
 
 
 def abstract_signature(args) -> tuple:
@@ -305,7 +350,9 @@ class AutoSharded:
 def auto_shard(fn: Callable | None = None, *, mesh: Mesh, hardware: Hardware | None = None,
                memory_budget: float | None = None, pins: Mapping[str, Any] | None = None,
                donate_argnums: Sequence[int] = (), time_limit_s: float = 60.0,
-               reuse: bool = True):
+               reuse: bool = True, cache: bool = True,
+               cache_directory: str | os.PathLike | None = None,
+               progress: bool | None = None):
     """Decorator: shard ``fn`` automatically over ``mesh``; plans on the first call.
 
     Example::
@@ -317,7 +364,8 @@ def auto_shard(fn: Callable | None = None, *, mesh: Mesh, hardware: Hardware | N
         train_step.plan_for(params, opt_state, batch).summary()
     """
     kwargs = dict(mesh=mesh, hardware=hardware, memory_budget=memory_budget, pins=pins,
-                  donate_argnums=donate_argnums, time_limit_s=time_limit_s, reuse=reuse)
+                  donate_argnums=donate_argnums, time_limit_s=time_limit_s, reuse=reuse,
+                  cache=cache, cache_directory=cache_directory, progress=progress)
     if fn is None:
         return lambda f: AutoSharded(f, **kwargs)
     return AutoSharded(fn, **kwargs)

@@ -22,6 +22,40 @@ from scipy import optimize, sparse
 SECONDS_SCALE = 1e6     # the ILP works in microseconds
 
 
+class LiveRows(Sequence):
+    """Memory rows given as live ranges: row r < len(points) holds every term whose range
+    [start, end] covers points[r]; the ``explicit`` rows follow, as lists of terms. Sums
+    over all rows cost one pass, not one per row, so long programs stay cheap."""
+
+    def __init__(self, terms, starts, ends, points, explicit=()):
+        self.terms = np.asarray(terms, dtype=np.int64)
+        self.starts = np.asarray(starts, dtype=np.int64)
+        self.ends = np.asarray(ends, dtype=np.int64)
+        self.points = np.asarray(points, dtype=np.int64)
+        self.explicit = tuple(tuple(r) for r in explicit)
+        # the rows each term is live in: [first, last) over points
+        self.first = np.searchsorted(self.points, self.starts, side="left")
+        self.last = np.searchsorted(self.points, self.ends, side="right")
+
+    def __len__(self) -> int:
+        return len(self.points) + len(self.explicit)
+
+    def __getitem__(self, r):
+        if r >= len(self.points):
+            return self.explicit[r - len(self.points)]
+        live = (self.first <= r) & (r < self.last)
+        return tuple(int(t) for t in np.sort(self.terms[live]))
+
+    def sums(self, values: np.ndarray) -> np.ndarray:
+        """Bytes of every row, given the bytes of every term."""
+        diff = np.zeros(len(self.points) + 1)
+        np.add.at(diff, self.first, values[self.terms])
+        np.add.at(diff, self.last, -values[self.terms])
+        live = np.cumsum(diff)[:-1]
+        explicit = [values[list(r)].sum() if r else 0.0 for r in self.explicit]
+        return np.concatenate([live, explicit])
+
+
 @dataclasses.dataclass(frozen=True)
 class Request:
     node_costs: Sequence[np.ndarray]                      # per group, seconds per strategy
@@ -73,7 +107,10 @@ def term_values(request: Request, choice) -> np.ndarray:
 def row_bytes(request: Request, choice) -> np.ndarray:
     values = term_values(request, choice)
     fixed = values[list(request.fixed_terms)].sum() if request.fixed_terms else 0.0
-    rows = [values[list(r)].sum() if r else 0.0 for r in request.memory_rows] or [0.0]
+    if isinstance(request.memory_rows, LiveRows):
+        rows = request.memory_rows.sums(values) if len(request.memory_rows) else [0.0]
+    else:
+        rows = [values[list(r)].sum() if r else 0.0 for r in request.memory_rows] or [0.0]
     return fixed + np.asarray(rows)
 
 

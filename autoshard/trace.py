@@ -8,6 +8,7 @@ body equations become nodes (weighted by the trip count) joined to the outside t
 
 from __future__ import annotations
 
+import dataclasses
 import inspect as pyinspect
 import numbers
 from typing import Any, Callable, Sequence
@@ -229,8 +230,25 @@ class GraphBuilder:
                      users=tuple(tuple(u) for u in users), **fields)
 
 
-def trace(fn: Callable, *args) -> Graph:
-    """Trace ``fn`` at ``args`` (arrays or jax.ShapeDtypeStruct pytrees) into a Graph.
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """A traced function: its closed jaxpr and calling convention, before any graph."""
+
+    closed_jaxpr: Any
+    leaves: tuple             # abstract flat arguments
+    paths: tuple[str, ...]    # per flat argument, as a user writes it
+    in_tree: Any
+    out_tree: Any
+    out_avals: tuple
+    out_paths: tuple[str, ...]
+
+    @property
+    def num_eqns(self) -> int:
+        return len(self.closed_jaxpr.jaxpr.eqns)
+
+
+def trace_program(fn: Callable, *args) -> Program:
+    """``fn`` at ``args`` (arrays or jax.ShapeDtypeStruct pytrees) as a jaxpr.
 
     Nothing of the arguments' size is allocated: tracing sees only shapes and dtypes.
     """
@@ -241,21 +259,34 @@ def trace(fn: Callable, *args) -> Graph:
 
     closed, out_shapes = jax.make_jaxpr(flat_fn, return_shape=True)(*leaves)
     out_avals, out_tree = jax.tree_util.tree_flatten(out_shapes)
+    out_paths = ["out" + jax.tree_util.keystr(k) for k, _ in
+                 jax.tree_util.tree_flatten_with_path(out_shapes)[0]]
+    return Program(closed, tuple(leaves), tuple(paths), in_tree, out_tree, tuple(out_avals),
+                   tuple(out_paths))
+
+
+def build_graph(program: Program) -> Graph:
+    """The program's Graph: a node per equation, argument, constant and output."""
+    closed = program.closed_jaxpr
     builder = GraphBuilder()
     arg_values, arg_nodes = [], []
-    for i, (leaf, path) in enumerate(zip(leaves, paths)):
+    for i, (leaf, path) in enumerate(zip(program.leaves, program.paths)):
         arg_nodes.append(len(builder.nodes))
         arg_values += builder.new_node("arg", "arg", ("arg", i), [], [], [leaf], label=path)
     outputs = builder.walk(closed.jaxpr, closed.consts, arg_values, (), 1.0)
-    out_paths = ["out" + jax.tree_util.keystr(k) for k, _ in
-                 jax.tree_util.tree_flatten_with_path(out_shapes)[0]]
     output_nodes = []
-    for k, (value, aval) in enumerate(zip(outputs, out_avals)):
+    for k, (value, aval) in enumerate(zip(outputs, program.out_avals)):
         output_nodes.append(len(builder.nodes) if value is not None else None)
         if value is not None:
             builder.new_node("output", "output", ("out", k), [value], [aval], [aval],
-                             label=out_paths[k])
-    return builder.freeze(arg_nodes=tuple(arg_nodes), arg_paths=tuple(paths),
+                             label=program.out_paths[k])
+    return builder.freeze(arg_nodes=tuple(arg_nodes), arg_paths=program.paths,
                           outputs=tuple(outputs), output_nodes=tuple(output_nodes),
-                          out_paths=tuple(out_paths), closed_jaxpr=closed, in_tree=in_tree,
-                          out_tree=out_tree, out_avals=tuple(out_avals))
+                          out_paths=program.out_paths, closed_jaxpr=closed,
+                          in_tree=program.in_tree, out_tree=program.out_tree,
+                          out_avals=program.out_avals)
+
+
+def trace(fn: Callable, *args) -> Graph:
+    """Trace ``fn`` at ``args`` (arrays or jax.ShapeDtypeStruct pytrees) into a Graph."""
+    return build_graph(trace_program(fn, *args))

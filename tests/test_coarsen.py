@@ -1,0 +1,180 @@
+"""Coarsening, reuse of repeated layers, and the plan cache.
+
+Layers: the reduced request is exact (random requests, every class-consistent choice);
+dropping dominated strategies never changes the optimum (brute force); on an unrolled
+transformer, reuse finds the layers, prices within 1 % of solving every group alone, and
+the reused plan computes what one device computes; plans are deterministic and cached.
+"""
+
+import io
+import itertools
+import time
+
+import jax
+import numpy as np
+import pytest
+
+import autoshard
+from autoshard import cache as plan_cache
+from autoshard import coarsen, progress
+from autoshard.solve import LiveRows, Request, evaluate, solve
+from autoshard.testing import programs
+
+# Slow devices and cheap links: even tiny layers gain from being split, so every layer
+# has a real choice to make.
+SLOW = autoshard.Hardware(flops=1e9, hbm_bandwidth=1e9, memory=1e9, link_bandwidth=1e10,
+                          link_latency=1e-7)
+
+
+def random_request(rng, groups=6, strategies=3, edges=8, budget=None) -> Request:
+    sizes = [strategies] * groups
+    edge_list = []
+    for _ in range(edges):
+        u, v = sorted(rng.choice(groups, 2, replace=False))
+        edge_list.append((int(u), int(v), rng.random((sizes[u], sizes[v]))))
+    terms = [(g, rng.random(sizes[g]) * 10) for g in range(groups)]
+    rows = LiveRows(terms=range(1, groups), starts=range(1, groups),
+                    ends=[min(g + 2, groups) for g in range(1, groups)], points=range(groups))
+    return Request(node_costs=[rng.random(s) for s in sizes], edges=edge_list,
+                   memory_terms=terms, fixed_terms=[0], memory_rows=rows,
+                   memory_budget=budget)
+
+
+def brute_force(request: Request) -> float:
+    best = np.inf
+    for choice in itertools.product(*[range(len(c)) for c in request.node_costs]):
+        allowed = all(g >= len(request.allowed) or request.allowed[g] is None
+                      or s in request.allowed[g] for g, s in enumerate(choice))
+        seconds, peak = evaluate(request, choice)
+        if allowed and (request.memory_budget is None or peak <= request.memory_budget):
+            best = min(best, seconds)
+    return best
+
+
+def test_live_rows_sum_what_they_hold():
+    rows = LiveRows(terms=[0, 1, 2], starts=[0, 1, 3], ends=[2, 4, 3], points=[1, 2, 3, 4],
+                    explicit=[(0, 2)])
+    values = np.array([1.0, 10.0, 100.0])
+    assert [rows[r] for r in range(len(rows))] == [(0, 1), (0, 1), (1, 2), (1,), (0, 2)]
+    np.testing.assert_allclose(rows.sums(values), [11, 11, 110, 10, 101])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_quotient_prices_every_class_consistent_choice_exactly(seed):
+    rng = np.random.default_rng(seed)
+    request = random_request(rng)
+    class_of = np.array([0, 1, 0, 1, 2, 2])   # groups 0 and 2 choose alike, and so on
+    reduced = coarsen.quotient(request, class_of)
+    for choice in itertools.product(range(3), repeat=3):
+        full = np.asarray(choice)[class_of]
+        np.testing.assert_allclose(evaluate(reduced, choice), evaluate(request, full))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_dropping_dominated_strategies_keeps_the_optimum(seed):
+    rng = np.random.default_rng(seed)
+    request = random_request(rng, groups=5, strategies=4, edges=4)
+    # make some strategies dominated: a copy of another, only dearer
+    costs = [c.copy() for c in request.node_costs]
+    costs[0][3] = costs[0][1] + 1.0
+    edges = [(u, v, m.copy()) for u, v, m in request.edges]
+    for k, (u, v, m) in enumerate(edges):
+        if u == 0:
+            m[3, :] = m[1, :]
+        if v == 0:
+            m[:, 3] = m[:, 1]
+    terms = [(g, b.copy()) for g, b in request.memory_terms]
+    terms[0][1][3] = terms[0][1][1]
+    request = Request(node_costs=costs, edges=edges, memory_terms=terms,
+                      fixed_terms=request.fixed_terms, memory_rows=request.memory_rows,
+                      memory_budget=12.0)
+    pruned = coarsen.drop_dominated(request)
+    assert 3 not in pruned.allowed[0]
+    assert brute_force(pruned) == pytest.approx(brute_force(request))
+
+
+@pytest.fixture(scope="module")
+def four_layers():
+    return programs.transformer_train_step(layers=4)
+
+
+def test_reuse_solves_repeated_layers_once(four_layers, mesh_2d):
+    args = four_layers.abstract_args()
+    reused = autoshard.plan(four_layers.fn, *args, mesh=mesh_2d, hardware=SLOW, cache=False)
+    alone = autoshard.plan(four_layers.fn, *args, mesh=mesh_2d, hardware=SLOW, reuse=False,
+                           cache=False)
+    assert reused.solver["solved_groups"] < 0.6 * reused.solver["groups"]
+    assert alone.solver["solved_groups"] == alone.solver["groups"]
+    assert any(a.spec != ((),) * len(a.shape) for a in reused.arguments)   # not trivial
+    assert reused.cost.total_s <= alone.cost.total_s * 1.01
+    # copies chose alike: every layer's weight has the spec layer 1's has
+    for leaf in ("wq", "w1", "w2"):
+        layer_specs = {reused.argument(f"params['layers'][{i}]['{leaf}']").spec
+                       for i in range(1, 3)}
+        assert len(layer_specs) == 1
+
+
+def test_reused_plan_matches_single_device(four_layers, mesh_2d):
+    expected = jax.jit(four_layers.fn)(*four_layers.args)
+    plan = autoshard.plan(four_layers.fn, *four_layers.args, mesh=mesh_2d, hardware=SLOW,
+                          cache=False)
+    got = plan.jit()(*four_layers.args)
+    for e, g in zip(jax.tree.leaves(expected), jax.tree.leaves(got)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-5,
+                                   atol=four_layers.atol)
+
+
+def plan_fields(plan):
+    d = plan.to_dict()
+    d.pop("solver")
+    return d
+
+
+def test_identical_inputs_give_identical_plans(four_layers, mesh_2d):
+    args = four_layers.abstract_args()
+    first = autoshard.plan(four_layers.fn, *args, mesh=mesh_2d, hardware=SLOW, cache=False)
+    second = autoshard.plan(four_layers.fn, *args, mesh=mesh_2d, hardware=SLOW, cache=False)
+    assert plan_fields(first) == plan_fields(second)
+
+
+def test_cache_in_memory_and_on_disk(four_layers, mesh_2d, mesh_1d, tmp_path):
+    args = four_layers.abstract_args()
+    plan_cache.PLANS.clear()
+    kwargs = dict(mesh=mesh_2d, hardware=SLOW, cache_directory=tmp_path)
+    fresh = autoshard.plan(four_layers.fn, *args, **kwargs)
+    assert fresh.solver["cache"] is None and len(list(tmp_path.glob("*.json"))) == 1
+    again = autoshard.plan(four_layers.fn, *args, **kwargs)
+    assert again.solver["cache"] == "memory" and plan_fields(again) == plan_fields(fresh)
+    plan_cache.PLANS.clear()   # as another process would start
+    loaded = autoshard.plan(four_layers.fn, *args, **kwargs)
+    assert loaded.solver["cache"] == "disk" and plan_fields(loaded) == plan_fields(fresh)
+    out = loaded.jit()(*four_layers.args)   # the cached plan carries its program
+    want = jax.eval_shape(four_layers.fn, *args)
+    assert [x.shape for x in jax.tree.leaves(out)] == [x.shape for x in jax.tree.leaves(want)]
+    # anything the plan depends on changes the key
+    other = [autoshard.plan(four_layers.fn, *args, mesh=mesh_1d, hardware=SLOW,
+                            cache_directory=tmp_path),
+             autoshard.plan(four_layers.fn, *args, mesh=mesh_2d, cache_directory=tmp_path),
+             autoshard.plan(four_layers.fn, *args, memory_budget=5e7, **kwargs)]
+    assert all(p.solver["cache"] is None for p in other)
+    assert len(list(tmp_path.glob("*.json"))) == 4
+
+
+def test_progress_shows_stages_only_when_asked(monkeypatch):
+    monkeypatch.setattr(progress, "SHOW_AFTER_S", 0.0)
+    shown = progress.PlanProgress(enabled=True)
+    shown.console = autoshard_console(buffer := io.StringIO())
+    with shown as show:
+        show.stage("solving 12 groups")
+        time.sleep(0.3)
+    assert "autoshard" in buffer.getvalue()
+    silent = progress.PlanProgress(enabled=False)
+    silent.console = autoshard_console(quiet := io.StringIO())
+    with silent as show:
+        show.stage("solving 12 groups")
+    assert quiet.getvalue() == ""
+
+
+def autoshard_console(buffer):
+    from rich.console import Console
+    return Console(file=buffer, force_terminal=True, width=80)
