@@ -140,8 +140,10 @@ def test_annotation_pins(mesh_2d, mesh_1d):
 
 
 @pytest.mark.slow
-def test_large_gpt_plans_within_80gb(mesh_2d):
-    case = models.train_case("gpt_scan", "large", abstract=True)
+@pytest.mark.parametrize("name", models.names())
+def test_large_sizes_plan_within_80gb(name, mesh_2d):
+    case = models.train_case(name, "large", abstract=True)
     plan = autoshard.plan(case.train_step, *case.args, mesh=mesh_2d, memory_budget=80e9,
-                          donate_argnums=(0,))
+                          donate_argnums=case.donate_argnums)
     assert plan.cost.memory_bytes <= 80e9
+    assert plan.solver["status"] == "optimal"
