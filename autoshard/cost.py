@@ -19,7 +19,7 @@ from autoshard import hardware as hwlib
 from autoshard import specs
 from autoshard.hardware import Hardware
 from autoshard.specs import Spec
-from autoshard.strategies import Collective, StrategySpace
+from autoshard.strategies import Collective, StrategySpace, loop_scope
 
 
 # -- resharding -----------------------------------------------------------------------------
@@ -83,7 +83,7 @@ class MemoryTerm:
 class SharedCost:
     """Seconds paid once if any member (group, group strategy) is chosen: the latency of
     one combined collective standing for all the like collectives it merges."""
-    key: tuple                              # (kind, mesh axes)
+    key: tuple                              # (kind, mesh axes, loop scope)
     seconds: float
     members: tuple[tuple[int, int], ...]
 
@@ -256,11 +256,13 @@ class _Builder:
             if not any(s.combined for s in strategies):
                 continue
             g = self.group_of_node[node.id]
+            # one combined collective per computation: per loop body, once per iteration
+            scope, seconds = loop_scope(node), self.hw.link_latency * node.weight
             for s, k in enumerate(self.choice[node.id]):
-                for key in strategies[k].combined:
-                    members.setdefault(key, set()).add((g, s))
-        return tuple(SharedCost(key, self.hw.link_latency, tuple(sorted(m)))
-                     for key, m in sorted(members.items()))
+                for kind, axes in strategies[k].combined:
+                    members.setdefault((kind, axes, scope, seconds), set()).add((g, s))
+        return tuple(SharedCost(key[:3], key[3], tuple(sorted(m)))
+                     for key, m in sorted(members.items(), key=lambda item: repr(item[0])))
 
     # -- memory --
     def value_bytes(self, value_id: int) -> MemoryTerm:
@@ -272,10 +274,10 @@ class _Builder:
                               for s in range(self.group_size(g))])
         return MemoryTerm(g, num_bytes)
 
-    def combined_terms(self) -> list[MemoryTerm]:
+    def combined_terms(self) -> dict[tuple, list[MemoryTerm]]:
         """A combined collective runs once all its parts are ready: every part's input and
-        result buffers are live together at that point."""
-        terms = []
+        result buffers are live together at that point. Per computation (loop scope)."""
+        terms: dict[tuple, list[MemoryTerm]] = {}
         for node in self.graph.nodes:
             strategies = self.space.strategies[node.id]
             if not any(s.combined for s in strategies):
@@ -288,7 +290,7 @@ class _Builder:
                         specs.per_device_bytes(self.graph.values[v].shape,
                                                self.graph.values[v].dtype, spec, self.axis_sizes)
                         for v, spec in zip(node.outputs, strategies[k].out_specs))
-            terms.append(MemoryTerm(g, num_bytes))
+            terms.setdefault(loop_scope(node), []).append(MemoryTerm(g, num_bytes))
         return terms
 
     def build_memory(self):
@@ -320,8 +322,10 @@ class _Builder:
         for value in graph.values:
             if value.id in not_temporary or not self.space.materialized[value.id]:
                 continue
-            if graph.nodes[value.producer].kind == "boundary":
-                continue  # a loop seam aliases the buffer it connects
+            seam = graph.nodes[value.producer]
+            if seam.kind == "boundary" and seam.primitive != "loop_ys":
+                continue  # a loop seam aliases the buffer it connects; a scan's stacked
+                #           ys are buffers of their own, trip count x the body's slice
             births.setdefault(value.producer, []).append(value.id)
         term_of_value = {}
         for values in births.values():
@@ -338,8 +342,7 @@ class _Builder:
             if dying:
                 rows.append(tuple(sorted(term_of_value[v] for v in live)))
                 live -= set(dying)
-        combined = self.combined_terms()
-        if combined:
+        for combined in self.combined_terms().values():
             rows.append(tuple(range(len(terms), len(terms) + len(combined))))
             terms += combined
         unique_rows = tuple(dict.fromkeys(rows))

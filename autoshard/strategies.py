@@ -118,7 +118,7 @@ def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, ctx) -
             touched = in_bytes + sum(out_bytes)
         compute_s = hw.compute_seconds(flops, touched) * node.weight
         if node.kind in ("output", "boundary"):
-            compute_s = 0.0   # plumbing: the value's producer already wrote it
+            compute_s = slice_copy_seconds(node, out_shapes, in_bytes_each, out_bytes, hw)
         partial_axes = tuple(a for a in axis_sizes
                              for l in einsum.reduce if a in split.get(l, ()))
         name = strategy_name(split)
@@ -128,6 +128,20 @@ def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, ctx) -
         result += reduction_variants(node, name, in_specs, out_specs, out_shapes, out_bytes,
                                      partial_axes, compute_s, einsum.reduce_op, ctx)
     return result
+
+
+def slice_copy_seconds(node: Node, out_shapes, in_bytes_each, out_bytes, hw: Hardware) -> float:
+    """What a seam costs on one device. A scan copies each iteration's xs slice out of
+    its stack (dynamic-slice) and its ys slice into its stack (dynamic-update-slice),
+    reading and writing the slice; the ys stack is zero-filled once before the loop.
+    Other seams hand a buffer over: the value's producer already wrote it."""
+    if node.primitive == "loop_xs":
+        length, slice_bytes, copies = node.operand_shapes[0][0], out_bytes[0], 2
+    elif node.primitive == "loop_ys":
+        length, slice_bytes, copies = out_shapes[0][0], in_bytes_each[0], 3
+    else:
+        return 0.0
+    return hw.compute_seconds(0.0, copies * slice_bytes) * length * node.weight
 
 
 def reduction_variants(node, name, in_specs, out_specs, out_shapes, out_bytes, partial_axes,
@@ -140,8 +154,9 @@ def reduction_variants(node, name, in_specs, out_specs, out_shapes, out_bytes, p
 
     def priced(kind, seconds_fn):
         seconds = seconds_fn(num_bytes, n, bw, hw.link_latency) * node.weight
-        if kind in ctx.combined_kinds:   # the combiner pays the latency once for all
-            return seconds - hw.link_latency, ((kind, partial_axes),)
+        if kind in ctx.combined_kinds:   # the combiner pays the latency once for all,
+            # once per iteration of the loop body holding it (cost.SharedCost)
+            return seconds - hw.link_latency * node.weight, ((kind, partial_axes),)
         return seconds, ()
     ar, ar_combined = priced("all-reduce", hwlib.all_reduce_seconds)
     variants = [Strategy(name + f" all-reduce({'+'.join(partial_axes)})", in_specs,
@@ -196,15 +211,22 @@ def prune(strategies: list[Strategy]) -> list[Strategy]:
 
 
 def materialized_values(graph: Graph, einsums) -> list[bool]:
-    """Which values XLA keeps in memory: not those fused between elementwise ops."""
+    """Which values XLA keeps in memory: not those fused between elementwise ops.
+
+    Values crossing a loop or branch seam are in memory: the loop state, and the slices
+    a body reads from stacked xs or writes into stacked ys, every iteration."""
     outputs = set(v for v in graph.outputs if v is not None)
+
+    def seam(node_id):
+        return graph.nodes[node_id].kind == "boundary"
     flags = []
     for value in graph.values:
         producer = einsums[value.producer]
-        if producer is None or not producer.fusible or value.id in outputs:
+        if (producer is None or not producer.fusible or value.id in outputs
+                or seam(value.producer)):
             flags.append(True)
             continue
-        flags.append(any(einsums[u] is None or not einsums[u].fusible
+        flags.append(any(einsums[u] is None or not einsums[u].fusible or seam(u)
                          for u, _ in graph.users[value.id]))
     return flags
 
@@ -212,15 +234,35 @@ def materialized_values(graph: Graph, einsums) -> list[bool]:
 CONTRACTIONS = ("dot_general", "conv_general_dilated")
 
 
+def loop_scope(node: Node) -> tuple:
+    """The key of the innermost loop body holding ``node`` (``()`` outside any loop).
+    A loop body is a computation of its own: XLA combines collectives within it, once
+    per iteration, never with those outside. Loop seams belong to the outside."""
+    key = node.key
+    for i in range(len(key) - 1, -1, -1):
+        if key[i] == "body":
+            return key[:i + 1]
+    return ()
+
+
 def trailing_nodes(graph: Graph) -> list[bool]:
-    """Nodes no contraction depends on (weight gradients feeding an optimizer update):
-    their collectives are independent of each other, so XLA's combiner merges them."""
+    """Nodes no contraction of their own computation depends on (weight gradients feeding
+    an optimizer update, or a scan's per-layer gradients stacked by loop_ys): their
+    collectives are independent of each other, so XLA's combiner merges them.
+
+    A value entering a loop body, or carried to its next iteration, feeds the body's
+    contractions; one stacked by loop_ys leaves the iteration that made it."""
+    scopes = [loop_scope(node) for node in graph.nodes]
     trailing = [True] * len(graph.nodes)
     for node in reversed(graph.nodes):
         for value_id in node.outputs:
             for user, _ in graph.users[value_id]:
                 u = graph.nodes[user]
-                if u.primitive in CONTRACTIONS or not trailing[user] or u.weight != 1:
+                if scopes[user] != scopes[node.id]:
+                    leaves = u.primitive == "loop_ys" and len(scopes[user]) < len(scopes[node.id])
+                    if not leaves:
+                        trailing[node.id] = False
+                elif u.primitive in CONTRACTIONS or not trailing[user]:
                     trailing[node.id] = False
     return trailing
 
@@ -249,7 +291,7 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
             found = value_strategies(out_values[0].shape, {})
         else:
             reads = [v is not None and materialized[v] for v in node.operands]
-            combines = frozenset(combined_kinds) if trailing[node.id] and node.weight == 1 else frozenset()
+            combines = frozenset(combined_kinds) if trailing[node.id] else frozenset()
             ctx = _Context(axis_sizes, hw, (reads, [materialized[v.id] for v in out_values]),
                            combines)
             found = einsum_strategies(node, einsum, [v.shape for v in out_values],
