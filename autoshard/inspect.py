@@ -520,12 +520,55 @@ def _result_shape(inst: Instruction) -> Shape:
     return inst.shape
 
 
-def _bytes(comp: Computation, inst: Instruction) -> int:
-    """HBM bytes an op reads (its operands) and writes (its result)."""
+def _bytes(module: HloModule, comp: Computation, inst: Instruction) -> int:
+    """HBM bytes an op reads (its operands) and writes (its result).
+
+    Slicing and in-place updates touch only the slice: a dynamic-slice reads what it
+    keeps, and a dynamic-update-slice writes its update into the operand's buffer
+    (XLA aliases them), e.g. a scan reading one layer's weights from the stack and
+    writing one layer's residuals into the stacked ys, once per iteration."""
     if inst.opcode in _PLUMBING or _is_done(inst):
         return 0
-    operands = sum(comp.by_name[o].shape.num_bytes for o in inst.operands if o in comp.by_name)
+    if inst.opcode == "dynamic-slice":
+        return 2 * inst.shape.num_bytes
+    if inst.opcode == "dynamic-update-slice":
+        return 2 * _shape_of(comp, inst.operands[1]).num_bytes
+    if inst.opcode == "fusion" and inst.called("calls"):
+        return _fusion_bytes(comp, inst, module.computations[inst.called("calls")[0]])
+    operands = sum(_shape_of(comp, o).num_bytes for o in inst.operands)
     return operands + _result_shape(inst).num_bytes
+
+
+def _shape_of(comp: Computation, name: str) -> Shape:
+    return comp.by_name[name].shape if name in comp.by_name else Shape(elements=())
+
+
+def _fusion_bytes(comp: Computation, inst: Instruction, fused: Computation) -> int:
+    """A fusion reads each operand whole, or only the slices it takes of it, and writes its
+    result, or only the updates of the outputs it updates in place."""
+    root = fused.root
+    outputs = ([fused.by_name[o] for o in root.operands if o in fused.by_name]
+               if root.opcode == "tuple" else [root])
+    in_place, written = set(), 0
+    for out in outputs:
+        if out.opcode == "dynamic-update-slice" and out.operands[0] in fused.by_name \
+                and fused.by_name[out.operands[0]].opcode == "parameter":
+            in_place.add(out.operands[0])
+            written += _shape_of(fused, out.operands[1]).num_bytes
+        else:
+            written += out.shape.num_bytes
+    read = 0
+    for k, operand in enumerate(inst.operands):
+        param = fused.parameter(k)
+        if param is not None and param.name in in_place:
+            continue   # the buffer the update is written into: not read
+        users = fused.users(param.name) if param is not None else []
+        if users and all(u.opcode in ("dynamic-slice", "slice") and u.operands[0] == param.name
+                         for u in users):
+            read += sum(u.shape.num_bytes for u in users)
+        else:
+            read += _shape_of(comp, operand).num_bytes
+    return read + written
 
 
 # --------------------------------------------------------------------------- collectives
@@ -704,7 +747,7 @@ def report_from_module(module: HloModule, hardware: Hardware, mesh=None, memory=
     collectives: list[Collective] = []
     warnings: list[str] = []
     for comp, inst, count in _walk(module, module.entry, 1, warnings):
-        op_flops, op_bytes = _flops(module, comp, inst), _bytes(comp, inst)
+        op_flops, op_bytes = _flops(module, comp, inst), _bytes(module, comp, inst)
         flops += op_flops * count
         num_bytes += op_bytes * count
         collective = (None if _is_done(inst)

@@ -300,6 +300,26 @@ def test_scan_trip_count_multiplies_collectives_and_flops(mesh8):
     assert report.count(in_loop[0].kind) >= 5
 
 
+def test_scan_reads_one_slice_of_the_stack_per_iteration():
+    """A scan reads one layer of the stacked weights and writes one slice of the stacked
+    ys per iteration, in place: bytes grow with the trip count, not with its square."""
+    def scan(ws, x):
+        def body(c, w):
+            y = jnp.tanh(c @ w)
+            return y, y
+        return jax.lax.scan(body, x, ws)
+
+    per_iteration = []
+    for layers in (8, 64):
+        ws = jax.ShapeDtypeStruct((layers, 256, 256), jnp.float32)
+        x = jax.ShapeDtypeStruct((64, 256), jnp.float32)
+        report = inspect(jax.jit(scan).lower(ws, x).compile(), HW)
+        per_iteration.append(report.bytes_accessed / layers)
+    assert per_iteration[1] == pytest.approx(per_iteration[0], rel=0.1)
+    # at least the layer's weights (256 KiB) are read each iteration
+    assert per_iteration[0] >= 256 * 256 * 4
+
+
 def test_cpu_reduce_scatter_prices_like_a_real_reduce_scatter(mesh8):
     # auto-sharded: CPU emits all-reduce + dynamic-slice
     auto = inspect(_compile(_matmul, mesh8, [P(None, "x"), P("x", None)], P("x", None), X, W),
