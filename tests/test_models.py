@@ -139,6 +139,23 @@ def test_annotation_pins(mesh_2d, mesh_1d):
     assert case.annotation_pins(mesh_1d)["state['params']['head']['kernel']"] == P(None, "data")
 
 
+def test_expert_layout_as_pins_keeps_numerics_with_donation(mesh_2d):
+    """FSDP x TP splits the scan's stacked state on the layer dim, which the scan's
+    outputs never come in: the donated outputs are resharded into the pinned specs."""
+    case = case_of("gpt_scan", "tiny")
+    shardings = case.experts["fsdp_tp"](mesh_2d)
+    leaves = jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
+    flat = jax.tree_util.tree_flatten_with_path(case.args)[0]
+    pins = {("state", "batch")[k[0].idx] + jax.tree_util.keystr(k[1:]): s.spec
+            for (k, _), s in zip(flat, leaves)}
+    assert any(spec and spec[0] for spec in pins.values())   # a layer dim split
+    plan = autoshard.plan(case.train_step, *case.args, mesh=mesh_2d, pins=pins,
+                          donate_argnums=case.donate_argnums, cache=False)
+    want = reference("gpt_scan", "tiny")
+    args = jax.tree.map(lambda x: x.copy(), case.args)   # donated: the cached case keeps its own
+    assert_matches(case, plan.jit()(*args), want)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", models.names())
 def test_large_sizes_plan_within_80gb(name, mesh_2d):
