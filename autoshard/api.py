@@ -80,11 +80,17 @@ def combined_collectives(mesh: Mesh) -> tuple[str, ...]:
     return COMBINED_COLLECTIVES.get("gpu" if platform in ("cuda", "rocm") else platform, ())
 
 
+def native_reduce_scatter(mesh: Mesh) -> bool:
+    """Whether XLA forms reduce-scatter on this backend; CPU all-reduces and keeps a slice."""
+    return mesh.devices.flat[0].platform != "cpu"
+
+
 def build_request(cg: CostGraph, memory_budget, time_limit_s) -> Request:
     return Request(node_costs=cg.node_costs, edges=[(e.src, e.dst, e.cost) for e in cg.edges],
                    shared_costs=[(c.seconds, c.members) for c in cg.shared_costs],
                    ties=[(t.u, t.v, t.keys_u, t.keys_v) for t in cg.ties],
                    memory_terms=[(t.group, t.num_bytes) for t in cg.memory_terms],
+                   edge_memory_terms=[(t.src, t.dst, t.num_bytes) for t in cg.edge_memory_terms],
                    fixed_terms=cg.fixed_terms, memory_rows=cg.memory_rows,
                    memory_budget=memory_budget, time_limit_s=time_limit_s)
 
@@ -273,7 +279,8 @@ def solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s,
     pinned = resolve_pins(pins, graph, sizes)
     space = build_strategies(graph, sizes, hw, pinned, combined_collectives(mesh))
     show.stage(f"pricing {space.num_strategies()} strategies")
-    cg = build_cost_graph(space, donated_pairs(graph, tuple(donate_argnums)))
+    cg = build_cost_graph(space, donated_pairs(graph, tuple(donate_argnums)),
+                          native_reduce_scatter(mesh))
     request = build_request(cg, budget, time_limit_s)
     costed = time.perf_counter()
     show.stage(f"coarsening {cg.num_groups} groups")

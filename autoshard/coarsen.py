@@ -153,6 +153,9 @@ def quotient(request: Request, class_of: np.ndarray) -> Request:
         request, node_costs=node_costs,
         edges=[(u, v, m) for (u, v), m in edges.items()],
         memory_terms=[(int(class_of[g]), b) for g, b in request.memory_terms],
+        # both ends in one class: the term's diagonal (the class chooses once)
+        edge_memory_terms=[(int(class_of[u]), int(class_of[v]), m)
+                           for u, v, m in request.edge_memory_terms],
         allowed=[None if a is None else np.array(sorted(a), dtype=np.int64) for a in allowed],
         shared_costs=shared, ties=_unique_ties(ties))
 
@@ -177,6 +180,12 @@ def strategy_features(request: Request) -> list[np.ndarray]:
         feats[v].append(m.T)
     for g, b in request.memory_terms:
         feats[g].append(np.asarray(b, float)[:, None])
+    for u, v, m in request.edge_memory_terms:
+        if u == v:
+            feats[u].append(np.diag(m)[:, None])
+        else:
+            feats[u].append(m)
+            feats[v].append(m.T)
     for seconds, members in request.shared_costs:
         by_group: dict[int, np.ndarray] = {}
         for g, s in members:

@@ -4,13 +4,19 @@ Nodes that simply follow an operand (elementwise chains, reshapes, converts, loo
 join their producer's group, so the solver picks one strategy per group. A CostGraph
 holds what the solver needs and nothing of jax: a cost vector per group (compute,
 collectives, resharding inside the group), a resharding matrix per edge between groups,
-and the per-device memory of every value as a vector over its group's strategies.
+and per-device memory terms, each live over a range of nodes: every buffer XLA keeps
+(arguments and outputs always; temporaries from their producer, or from the start for
+work on arguments alone, to their last reader), the copies readers make (resharded, or
+transposed for a dot or convolution), and the buffers of reductions (partial results,
+results of the combined all-reduce). A resharded copy depends on two groups' strategies:
+an ``EdgeMemoryTerm`` over the pair.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -18,11 +24,15 @@ import numpy as np
 from autoshard import hardware as hwlib
 from autoshard import specs
 from autoshard.hardware import Hardware
+from autoshard.solve import LiveRows
 from autoshard.specs import Spec
-from autoshard.strategies import Collective, StrategySpace, loop_scope
+from autoshard.strategies import (Collective, StrategySpace, expensive, loop_scope,
+                                  spreads)
 
 
 # -- resharding -----------------------------------------------------------------------------
+
+REDUCTIONS = ("all-reduce", "reduce-scatter")   # collectives that reduce a partial result
 
 def reshard_collectives(shape: Sequence[int], dtype, src: Spec, dst: Spec,
                         axis_sizes: Mapping[str, int], hw: Hardware) -> tuple[Collective, ...]:
@@ -64,6 +74,45 @@ def reshard_seconds(shape, dtype, src: Spec, dst: Spec, axis_sizes, hw) -> float
     return sum(c.seconds for c in reshard_collectives(shape, dtype, src, dst, axis_sizes, hw))
 
 
+def transposed_for_dot(node, i: int) -> bool:
+    """Whether XLA copies operand ``i`` of a dot_general into another layout first.
+
+    XLA rewrites a dot that is not a (batched) matrix product as one over operands
+    transposed to [batch, free, contracting] (lhs) and [batch, contracting, free] (rhs);
+    an operand whose dims are not in that order already is copied, unless it is a
+    matrix behind leading batch dims (read transposed in place). A weight [d, heads, k]
+    read by the backward pass's dot contracting (heads, k) is copied, and so is
+    q [b, t, heads, k] read by the scores' dot (batch b, heads); [d, f] or
+    [experts, d, f] is not.
+    """
+    (lc, rc), (lb, rb) = node.params["dimension_numbers"]
+    shape, contract, batch = node.operand_shapes[i], (lc, rc)[i], (lb, rb)[i]
+    free = [d for d in range(len(shape)) if d not in contract and d not in batch]
+    order = [*batch, *free, *contract] if i == 0 else [*batch, *contract, *free]
+    kept = [d for d in order if shape[d] != 1]
+    nb = sum(shape[d] != 1 for d in batch)
+    matrix_behind_batch = kept[:nb] == sorted(kept)[:nb] and len(kept) - nb <= 2
+    return kept != sorted(kept) and not matrix_behind_batch
+
+
+def transposed_for_conv(node, i: int) -> bool:
+    """Whether XLA copies operand ``i`` of a convolution into another layout first.
+
+    XLA:CPU convolves inputs laid out [batch, spatial..., feature] with kernels
+    [spatial..., in, out]; an operand whose dims come in another order is copied: the
+    kernel of a backward-data convolution, the activations of a weight-gradient one.
+    """
+    dn = node.params["dimension_numbers"]
+    spec, shape = (dn.lhs_spec, dn.rhs_spec)[i], node.operand_shapes[i]
+    order = [spec[0], *spec[2:], spec[1]] if i == 0 else [*spec[2:], spec[1], spec[0]]
+    kept = [d for d in order if shape[d] != 1]
+    return kept != sorted(kept)
+
+
+TRANSPOSED_OPERANDS = {"dot_general": transposed_for_dot,
+                       "conv_general_dilated": transposed_for_conv}
+
+
 # -- the cost graph ---------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +126,15 @@ class Edge:
 class MemoryTerm:
     group: int
     num_bytes: np.ndarray   # per strategy of the group, per device
+
+
+@dataclasses.dataclass(frozen=True)
+class EdgeMemoryTerm:
+    """Bytes per device that depend on two groups' strategies: the copy of a result of
+    group ``src`` resharded into the spec a node of group ``dst`` reads it in."""
+    src: int
+    dst: int
+    num_bytes: np.ndarray   # [strategies of src, strategies of dst], per device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,9 +165,11 @@ class CostGraph:
     edges: tuple[Edge, ...]
     memory_terms: tuple[MemoryTerm, ...]
     fixed_terms: tuple[int, ...]                 # arguments and outputs: always resident
-    memory_rows: tuple[tuple[int, ...], ...]     # temporaries live together at a point
+    memory_rows: LiveRows                        # temporaries live together at a point
     shared_costs: tuple["SharedCost", ...] = ()  # latencies paid once for many collectives
     ties: tuple[Tie, ...] = ()                   # donated argument = its output's spec
+    # rows index these after memory_terms: edge term k is term len(memory_terms) + k
+    edge_memory_terms: tuple[EdgeMemoryTerm, ...] = ()
 
     @property
     def num_groups(self) -> int:
@@ -121,25 +181,53 @@ class CostGraph:
 
 
 class _Builder:
-    def __init__(self, space: StrategySpace, donated: Sequence[tuple[int, int]]):
+    def __init__(self, space: StrategySpace, donated: Sequence[tuple[int, int]],
+                 native_reduce_scatter: bool = True):
         self.space = space
+        self.native_reduce_scatter = native_reduce_scatter
         self.graph = space.graph
         self.hw = space.hardware
         self.axis_sizes = space.axis_sizes
         self.donated = tuple(donated)
         self.donated_outputs = {k for k, _ in donated}
+        self.donated_arg_of_output = {self.graph.output_nodes[k]: arg for k, arg in donated}
         self.group_of_node: list[int] = []
         self.groups: list[list[int]] = []
         self.choice: list[np.ndarray] = []
+        self._out_specs: dict = {}
+        self._follows: dict = {}
 
-    @functools.lru_cache(maxsize=None)
+    # Prices are cached by shape and specs, not by value: a repeated layer's values share them.
     def reshard(self, value_id: int, src: Spec, dst: Spec) -> float:
         v = self.graph.values[value_id]
-        return reshard_seconds(v.shape, v.dtype, src, dst, self.axis_sizes, self.hw)
+        return self.reshard_by_shape(v.shape, v.dtype, src, dst)
 
-    def out_spec(self, node_id: int, group_strategy: int, index: int) -> Spec:
-        s = self.space.strategies[node_id][self.choice[node_id][group_strategy]]
-        return s.out_specs[index]
+    @functools.lru_cache(maxsize=None)
+    def reshard_by_shape(self, shape, dtype, src: Spec, dst: Spec) -> float:
+        return reshard_seconds(shape, dtype, src, dst, self.axis_sizes, self.hw)
+
+    @functools.lru_cache(maxsize=None)
+    def reshard_matrix(self, shape, dtype, srcs: tuple, dsts: tuple) -> np.ndarray:
+        """[src strategy, dst strategy] seconds, from the distinct specs on each side."""
+        src_keys = {s: i for i, s in enumerate(dict.fromkeys(srcs))}
+        dst_keys = {d: i for i, d in enumerate(dict.fromkeys(dsts))}
+        small = np.array([[self.reshard_by_shape(shape, dtype, a, b) for b in dst_keys]
+                          for a in src_keys])
+        return small[np.ix_([src_keys[s] for s in srcs], [dst_keys[d] for d in dsts])]
+
+    @functools.lru_cache(maxsize=None)
+    def per_device_bytes(self, shape, dtype, spec_list: tuple) -> np.ndarray:
+        return np.array([specs.per_device_bytes(shape, dtype, spec, self.axis_sizes)
+                         for spec in spec_list])
+
+    def out_specs(self, node_id: int, index: int) -> tuple[Spec, ...]:
+        """The spec of a node's result per strategy of its group."""
+        key = (node_id, index)
+        if key not in self._out_specs:
+            strategies = self.space.strategies[node_id]
+            self._out_specs[key] = tuple(strategies[c].out_specs[index]
+                                         for c in self.choice[node_id])
+        return self._out_specs[key]
 
     # -- grouping followers --
     def main_operand(self, node) -> int | None:
@@ -157,17 +245,34 @@ class _Builder:
         fixed = len(self.choice[self.groups[self.group_of_node[producer]][0]]) == 1
         if fixed and len(self.space.strategies[node.id]) > 1:
             return None   # a group with one strategy would decide this node's alone
+        if not self.can_keep_donated_spec(node, node.operands[best]):
+            return None
         out_bytes = max(self.graph.values[o].num_bytes for o in node.outputs)
         return best if out_bytes <= best_bytes else None
+
+    def can_keep_donated_spec(self, node, value_id: int) -> bool:
+        """Whether an output written into a donated argument can follow its operand: only
+        if every spec the argument may take is one the operand comes in. A pinned argument
+        whose spec the operand never has (a scan stacks it whole on the layer dim) needs
+        the output resharded into it, so the output keeps a group of its own."""
+        arg = self.donated_arg_of_output.get(node.id)
+        if arg is None:
+            return True
+        value = self.graph.values[value_id]
+        available = set(self.out_specs(value.producer, value.index))
+        return all(s.out_specs[0] in available for s in self.space.strategies[arg])
 
     def follow(self, node, i) -> np.ndarray:
         value = self.graph.values[node.operands[i]]
         u = value.producer
         g = self.group_of_node[u]
         strategies = self.space.strategies[node.id]
+        srcs = self.out_specs(u, value.index)
+        key = (id(strategies), i, value.shape, value.dtype, srcs)   # strategies are shared
+        if key in self._follows:
+            return self._follows[key]
         picks, by_spec = [], {}
-        for s in range(len(self.choice[self.groups[g][0]])):
-            src = self.out_spec(u, s, value.index)
+        for src in srcs:
             if src not in by_spec:
                 # take the operand as it comes when a strategy can; slicing it further
                 # is a decision for the solver, not for a follower
@@ -178,7 +283,8 @@ class _Builder:
                     by_spec[src] = int(np.argmin([self.reshard(value.id, src, t.in_specs[i])
                                                   + t.seconds for t in strategies]))
             picks.append(by_spec[src])
-        return np.asarray(picks, dtype=np.int32)
+        self._follows[key] = np.asarray(picks, dtype=np.int32)
+        return self._follows[key]
 
     def build_groups(self):
         for node in self.graph.nodes:
@@ -230,24 +336,19 @@ class _Builder:
             if out_node is None:
                 continue
             gu, gv = self.group_of_node[arg_node], self.group_of_node[out_node]
-            srcs = [self.out_spec(arg_node, s, 0) for s in range(self.group_size(gu))]
-            dsts = [self.out_spec(out_node, s, 0) for s in range(self.group_size(gv))]
+            srcs, dsts = self.out_specs(arg_node, 0), self.out_specs(out_node, 0)
             ids = {spec: i for i, spec in enumerate(dict.fromkeys(srcs + dsts))}
             ties.append(Tie(gu, gv, np.array([ids[s] for s in srcs]),
                             np.array([ids[s] for s in dsts])))
         return tuple(ties)
 
     def edge_matrix(self, value, node, i) -> np.ndarray:
-        gu = self.group_of_node[value.producer]
-        srcs = [self.out_spec(value.producer, s, value.index) for s in range(self.group_size(gu))]
-        gv = self.group_of_node[node.id]
-        dsts = [self.space.strategies[node.id][c].in_specs[i] for c in self.choice[node.id]]
+        srcs = self.out_specs(value.producer, value.index)
+        strategies = self.space.strategies[node.id]
+        dsts = tuple(strategies[c].in_specs[i] for c in self.choice[node.id])
         # distinct specs in order of first appearance: the same program gives the same
         # matrices, whatever the process's hash seed
-        src_keys = {s: i for i, s in enumerate(dict.fromkeys(srcs))}
-        dst_keys = {d: i for i, d in enumerate(dict.fromkeys(dsts))}
-        small = np.array([[self.reshard(value.id, a, b) for b in dst_keys] for a in src_keys])
-        return small[np.ix_([src_keys[s] for s in srcs], [dst_keys[d] for d in dsts])]
+        return self.reshard_matrix(value.shape, value.dtype, srcs, dsts)
 
     def build_shared_costs(self) -> tuple[SharedCost, ...]:
         members: dict[tuple, set] = {}
@@ -268,32 +369,224 @@ class _Builder:
     def value_bytes(self, value_id: int) -> MemoryTerm:
         value = self.graph.values[value_id]
         g = self.group_of_node[value.producer]
-        num_bytes = np.array([specs.per_device_bytes(value.shape, value.dtype,
-                                                     self.out_spec(value.producer, s, value.index),
-                                                     self.axis_sizes)
-                              for s in range(self.group_size(g))])
+        num_bytes = self.per_device_bytes(value.shape, value.dtype,
+                                          self.out_specs(value.producer, value.index))
         return MemoryTerm(g, num_bytes)
 
-    def combined_terms(self) -> dict[tuple, list[MemoryTerm]]:
-        """A combined collective runs once all its parts are ready: every part's input and
-        result buffers are live together at that point. Per computation (loop scope)."""
-        terms: dict[tuple, list[MemoryTerm]] = {}
+    def broadcasts_kept(self, value) -> int:
+        """Buffers XLA keeps for a value: one, but one broadcast per operand for an
+        elementwise op spreading several smaller arrays over its shape (the inverse norm
+        [b, t, 1] times the scale [d] of an RMSNorm keeps both, spread)."""
+        node = self.graph.nodes[value.producer]
+        if (node.primitive == "broadcast_in_dim"
+                or not spreads(self.graph, node, value, self.space.einsums)):
+            return 1
+        return max(1, sum(math.prod(self.graph.values[v].shape) > 1
+                          for v in node.operands if v is not None))
+
+    def recomputable(self, node) -> bool:
+        """A cheap elementwise op of one activation and constants (a relu, a reshape): XLA
+        computes it again inside every fusion reading it rather than read its result. Not
+        one that also reads a broadcast statistic (x - mean): reductions read that one."""
+        einsum = self.space.einsums[node.id]
+        if node.kind != "eqn" or einsum is None or not einsum.fusible or expensive(node):
+            return False
+        sizes = [math.prod(self.graph.values[v].shape) for v in node.operands if v is not None]
+        return sum(n > 1 for n in sizes) <= 1
+
+    def last_reads(self, copied: set) -> list[int]:
+        """Per value, the last node that reads its buffer.
+
+        A fused chain of elementwise ops is copied into every consumer, so a value feeding
+        one is read where the chain's consumers run (a pre-activation kept for the backward
+        pass). The result of a ``recomputable`` op is read from memory only by the nodes
+        that cannot fuse it (the next convolution); the fusions recompute it from its
+        operand. A reader in ``copied`` (value, node) reads a copy made earlier instead."""
+        graph, einsums, materialized = self.graph, self.space.einsums, self.space.materialized
+        direct = [v.producer for v in graph.values]    # nodes reading the buffer as such
+        fused = [v.producer for v in graph.values]     # fusions computing from the value
+        for value in reversed(graph.values):
+            for user, _ in graph.users[value.id]:
+                node = graph.nodes[user]
+                if (value.id, user) in copied:
+                    continue
+                if einsums[user] is None or not einsums[user].fusible or node.kind != "eqn":
+                    direct[value.id] = max(direct[value.id], user)
+                    continue
+                reach = user
+                for o in node.outputs:
+                    if not materialized[o]:
+                        reach = max(reach, direct[o], fused[o])
+                    elif self.recomputable(node):
+                        reach = max(reach, fused[o])
+                fused[value.id] = max(fused[value.id], reach)
+        return [direct[v.id] if materialized[v.id] and self.recomputable(graph.node_of(v.id))
+                else max(direct[v.id], fused[v.id]) for v in graph.values]
+
+    def overwritten(self, last_read: Sequence[int], not_temporary: set) -> set[int]:
+        """Temporaries an elementwise node overwrites with its result: XLA writes a fused
+        result of the same shape in place of an operand read for the last time there."""
+        graph, materialized, found = self.graph, self.space.materialized, set()
+        for node in graph.nodes:
+            einsum = self.space.einsums[node.id]
+            if node.kind != "eqn" or einsum is None or not einsum.fusible or not node.outputs:
+                continue
+            out = graph.values[node.outputs[0]]
+            if not materialized[out.id]:
+                continue
+            for v in node.operands:
+                value = graph.values[v] if v is not None else None
+                if (value is not None and v not in not_temporary and materialized[v]
+                        and last_read[v] == node.id and value.shape == out.shape
+                        and value.dtype == out.dtype):
+                    found.add(v)
+                    break
+        return found
+
+    def from_arguments(self) -> list[bool]:
+        """Per value: an argument or constant, or computed outside loops by one fusion
+        reading nothing else. XLA schedules such work first, so its buffer (a broadcast
+        zero, a broadcast scale, a weight's gathered copy) lives from the start."""
+        graph, materialized, flags = self.graph, self.space.materialized, []
+        for value in graph.values:
+            node = graph.nodes[value.producer]
+            flags.append(node.kind in ("arg", "const") or (
+                node.kind == "eqn" and node.weight == 1
+                and all(v is None or flags[v] and (not materialized[v]
+                                                   or graph.node_of(v).kind in ("arg", "const"))
+                        for v in node.operands)))
+        return flags
+
+    @functools.lru_cache(maxsize=None)
+    def copy_bytes(self, shape, dtype, srcs: tuple, dsts: tuple, fused: bool) -> np.ndarray:
+        """[src strategy, dst strategy] bytes of the copy a reader wanting spec dst makes of
+        a value written in spec src: the collectives' result, or the slice (nothing when
+        the reader is fused and slices as it reads)."""
+        def one(src, dst) -> float:
+            if src == dst:
+                return 0.0
+            moves = self.reshard_by_shape(shape, dtype, src, dst) > 0   # cached per shape
+            if not moves and fused:
+                return 0.0
+            return float(specs.per_device_bytes(shape, dtype, dst, self.axis_sizes))
+        src_keys = {s: i for i, s in enumerate(dict.fromkeys(srcs))}
+        dst_keys = {d: i for i, d in enumerate(dict.fromkeys(dsts))}
+        small = np.array([[one(a, b) for b in dst_keys] for a in src_keys])
+        return small[np.ix_([src_keys[s] for s in srcs], [dst_keys[d] for d in dsts])]
+
+    def copy_starts(self, value_id: int, from_args: Sequence[bool]) -> dict[int, int]:
+        """Per reader of a value (outputs aside), the node from which a copy made for that
+        reader lives. XLA makes a copy once its source is ready and keeps it for every
+        reader wanting the same spec or layout (a weight gathered for the forward pass
+        stays for the backward one), so a reader's copy counts from the value's previous
+        reader on; a first reader's from the reader itself, or from the start for a value
+        of arguments alone, which XLA computes first."""
+        readers = sorted({u for u, _ in self.graph.users[value_id]
+                          if self.graph.nodes[u].kind != "output"})
+        return {u: readers[k - 1] + 1 if k else (0 if from_args[value_id] else u)
+                for k, u in enumerate(readers)}
+
+    def transposed_reads(self) -> list[tuple[int, int, int]]:
+        """(value, node, operand) of the operands XLA copies into another layout first."""
+        found = []
+        for node in self.graph.nodes:
+            transposed = TRANSPOSED_OPERANDS.get(node.primitive)
+            if transposed is not None:
+                found += [(v, node.id, i) for i, v in enumerate(node.operands)
+                          if v is not None and transposed(node, i)]
+        return found
+
+    def reshard_buffers(self, from_args: Sequence[bool], copied: set):
+        """(term, first node, last node) of every resharded copy a reader makes (see
+        ``copy_starts``). An activation a reader also copies into another layout is
+        resharded just before: the layout copy is the one kept. Outputs are written in
+        their own spec: their buffers are counted as outputs."""
+        graph, einsums = self.graph, self.space.einsums
+        for value in graph.values:
+            users = [(u, i) for u, i in graph.users[value.id] if graph.nodes[u].kind != "output"]
+            starts = self.copy_starts(value.id, from_args)
+            srcs = self.out_specs(value.producer, value.index)
+            gu = self.group_of_node[value.producer]
+            for user, i in users:
+                strategies = self.space.strategies[user]
+                dsts = tuple(strategies[c].in_specs[i] for c in self.choice[user])
+                fused = einsums[user] is not None and einsums[user].fusible
+                matrix = self.copy_bytes(value.shape, value.dtype, srcs, dsts, fused)
+                if not matrix.any():
+                    continue
+                gv = self.group_of_node[user]
+                term = (MemoryTerm(gu, np.diag(matrix).copy()) if gu == gv
+                        else EdgeMemoryTerm(gu, gv, matrix))
+                held = (value.id, user) not in copied or from_args[value.id]
+                yield term, starts[user] if held else user, user
+
+    def layout_copies(self, from_args: Sequence[bool], transposed):
+        """(term, first node, last node) of the copies XLA makes of operands it reads in
+        another layout (``transposed_reads``), in the spec their reader wants; live like
+        any copy (see ``copy_starts``): a weight's from the start of the program."""
+        graph = self.graph
+        for value_id, node_id, i in transposed:
+            value = graph.values[value_id]
+            strategies = self.space.strategies[node_id]
+            dsts = tuple(strategies[c].in_specs[i] for c in self.choice[node_id])
+            yield (MemoryTerm(self.group_of_node[node_id],
+                              self.per_device_bytes(value.shape, value.dtype, dsts)),
+                   self.copy_starts(value_id, from_args)[node_id], node_id)
+
+    def combine_points(self) -> dict[tuple, int]:
+        """Per computation (loop scope), where its combined collective runs: after the last
+        node whose collectives may join it."""
+        points: dict[tuple, int] = {}
+        for node in self.graph.nodes:
+            if any(s.combined for s in self.space.strategies[node.id]):
+                points[loop_scope(node)] = node.id
+        return points
+
+    def collective_buffers(self, last_read: Sequence[int]):
+        """(term, first node, last node) of the buffers a split contraction's reduction
+        adds to its result's.
+
+        A reduction on its own reads a partial result as big as the collective's input,
+        at the node. A combined one writes its result where the combined collective runs,
+        beside the partial results of all its parts. A backend without reduce-scatter
+        all-reduces the partial result and keeps a slice, so the full result is held to
+        the node's last reader, and when that all-reduce joins the combined one, the full
+        partial result is held until then too."""
+        points = self.combine_points()
         for node in self.graph.nodes:
             strategies = self.space.strategies[node.id]
-            if not any(s.combined for s in strategies):
+            if not any(c.kind in REDUCTIONS for s in strategies for c in s.collectives):
                 continue
             g = self.group_of_node[node.id]
-            num_bytes = np.zeros(self.group_size(g))
+            at_node, held, at_combine = (np.zeros(self.group_size(g)) for _ in range(3))
+            joins = any(s.combined for s in strategies)
+            value = self.graph.values[node.outputs[0]]
             for s, k in enumerate(self.choice[node.id]):
-                if strategies[k].combined:
-                    num_bytes[s] = sum(c.num_bytes for c in strategies[k].collectives) + sum(
-                        specs.per_device_bytes(self.graph.values[v].shape,
-                                               self.graph.values[v].dtype, spec, self.axis_sizes)
-                        for v, spec in zip(node.outputs, strategies[k].out_specs))
-            terms.setdefault(loop_scope(node), []).append(MemoryTerm(g, num_bytes))
-        return terms
+                strategy = strategies[k]
+                for c in strategy.collectives:
+                    if c.kind not in REDUCTIONS:
+                        continue
+                    emulated = c.kind == "reduce-scatter" and not self.native_reduce_scatter
+                    if strategy.combined:
+                        at_combine[s] += c.num_bytes
+                    elif emulated and joins:
+                        out_bytes = specs.per_device_bytes(value.shape, value.dtype,
+                                                           strategy.out_specs[0], self.axis_sizes)
+                        held[s] += c.num_bytes - out_bytes
+                        at_combine[s] += c.num_bytes
+                    else:   # the partial result, and an emulated reduce-scatter's full one
+                        at_node[s] += c.num_bytes * (2 if emulated else 1)
+            combine_at = points.get(loop_scope(node), node.id)
+            for num_bytes, first, last in ((at_node, node.id, node.id),
+                                           (held, node.id, last_read[value.id]),
+                                           (at_combine, combine_at, combine_at)):
+                if num_bytes.any():
+                    yield MemoryTerm(g, num_bytes), first, last
 
     def build_memory(self):
+        """Memory terms (arguments and outputs fixed; temporaries, resharded copies and
+        collective buffers each with the range of nodes it is live over), the rows of
+        terms live together, and the terms depending on two groups' strategies."""
         graph = self.graph
         terms: list[MemoryTerm] = []
         fixed = []
@@ -313,12 +606,15 @@ class _Builder:
             resident.add(value_id)
             fixed.append(len(terms))
             terms.append(self.value_bytes(value_id))
-        last_use = {}
-        for value in graph.values:
-            users = [u for u, _ in graph.users[value.id]]
-            last_use[value.id] = max([value.producer, *users])
-        births: dict[int, list[int]] = {}
+        from_args, transposed = self.from_arguments(), self.transposed_reads()
+        # a reader of a copy made before it does not hold the value: the copy does
+        copied = {(v, n) for v, n, _ in transposed
+                  if self.copy_starts(v, from_args)[n] < n}
+        last_read = self.last_reads(copied)
+        spans = []   # (term, first node, last node): a temporary lives from its producer
+        #              (or the start) to its last reader
         not_temporary = resident | aliased
+        in_place = self.overwritten(last_read, not_temporary)
         for value in graph.values:
             if value.id in not_temporary or not self.space.materialized[value.id]:
                 continue
@@ -326,42 +622,41 @@ class _Builder:
             if seam.kind == "boundary" and seam.primitive != "loop_ys":
                 continue  # a loop seam aliases the buffer it connects; a scan's stacked
                 #           ys are buffers of their own, trip count x the body's slice
-            births.setdefault(value.producer, []).append(value.id)
-        term_of_value = {}
-        for values in births.values():
-            for value_id in values:
-                term_of_value[value_id] = len(terms)
-                terms.append(self.value_bytes(value_id))
-        rows, live = [], set()
-        deaths: dict[int, list[int]] = {}
-        for value_id in term_of_value:
-            deaths.setdefault(last_use[value_id], []).append(value_id)
-        for node in graph.nodes:
-            live |= set(births.get(node.id, ()))
-            dying = deaths.get(node.id, ())
-            if dying:
-                rows.append(tuple(sorted(term_of_value[v] for v in live)))
-                live -= set(dying)
-        for combined in self.combined_terms().values():
-            rows.append(tuple(range(len(terms), len(terms) + len(combined))))
-            terms += combined
-        unique_rows = tuple(dict.fromkeys(rows))
-        return tuple(terms), tuple(fixed), unique_rows
+            first = 0 if from_args[value.id] else value.producer
+            last = last_read[value.id] - (value.id in in_place)
+            term = self.value_bytes(value.id)
+            term = MemoryTerm(term.group, term.num_bytes * self.broadcasts_kept(value))
+            spans.append((term, first, max(first, last)))
+        spans += self.collective_buffers(last_read)
+        spans += self.layout_copies(from_args, transposed)
+        copies = list(self.reshard_buffers(from_args, copied))
+        spans += [c for c in copies if isinstance(c[0], MemoryTerm)]
+        edge_spans = [c for c in copies if isinstance(c[0], EdgeMemoryTerm)]
+        terms += [t for t, _, _ in spans]
+        # edge terms are numbered after every group term; a row per point where some
+        # term dies, holding everything live there (peaks are just before deaths)
+        index = list(range(len(terms) - len(spans), len(terms) + len(edge_spans)))
+        starts = [first for _, first, _ in spans + edge_spans]
+        ends = [last for _, _, last in spans + edge_spans]
+        rows = LiveRows(index, starts, ends, sorted(set(ends)))
+        return tuple(terms), tuple(fixed), rows, tuple(t for t, _, _ in edge_spans)
 
 
 # Between plans of equal time, prefer the one that keeps fewer bytes per device.
 TIEBREAK_SECONDS_PER_BYTE = 1e-15
 
 
-def build_cost_graph(space: StrategySpace,
-                     donated: Sequence[tuple[int, int]] = ()) -> CostGraph:
+def build_cost_graph(space: StrategySpace, donated: Sequence[tuple[int, int]] = (),
+                     native_reduce_scatter: bool = True) -> CostGraph:
     """Group followers, then price every group and every edge between groups.
 
-    ``donated`` pairs an output index with the argument node whose buffer it reuses."""
-    builder = _Builder(space, donated)
+    ``donated`` pairs an output index with the argument node whose buffer it reuses.
+    ``native_reduce_scatter`` is False for backends whose XLA all-reduces and keeps a
+    slice instead (CPU): memory then holds the full reduced result."""
+    builder = _Builder(space, donated, native_reduce_scatter)
     builder.build_groups()
     node_costs, edges = builder.build_costs()
-    terms, fixed, rows = builder.build_memory()
+    terms, fixed, rows, edge_terms = builder.build_memory()
     for term in terms:
         node_costs[term.group] = node_costs[term.group] + TIEBREAK_SECONDS_PER_BYTE * term.num_bytes
     return CostGraph(space=space, group_of_node=tuple(builder.group_of_node),
@@ -369,4 +664,4 @@ def build_cost_graph(space: StrategySpace,
                      choice=tuple(builder.choice), node_costs=tuple(node_costs),
                      edges=tuple(edges), memory_terms=terms, fixed_terms=fixed,
                      memory_rows=rows, shared_costs=builder.build_shared_costs(),
-                     ties=builder.donation_ties())
+                     ties=builder.donation_ties(), edge_memory_terms=edge_terms)

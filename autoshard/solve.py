@@ -5,7 +5,8 @@ matrices and memory terms; it returns a ``Result``. ``evaluate`` recomputes the 
 the peak memory of any choice independently, so tests can check the solver's arithmetic.
 
 The ILP (scipy.optimize.milp, HiGHS): a binary x[g, s] per group strategy, one-hot per
-group; per edge a continuous e[r, c] over the edge's distinct rows and columns whose
+group; per pair of groups a continuous e[r, c] over the distinct rows and columns of the
+pair's matrices (edge costs, and memory that depends on both groups' strategies) whose
 marginals equal the x's (so e is the product of the two one-hots); memory rows added
 lazily, only those the current solution violates, until none does.
 """
@@ -70,6 +71,10 @@ class Request:
     # (u, v, keys_u, keys_v): groups u and v must pick strategies with equal keys
     ties: Sequence[tuple[int, int, np.ndarray, np.ndarray]] = ()
     time_limit_s: float = 60.0
+    # (u, v, bytes[su, sv]): memory that depends on two groups' strategies (a copy of u's
+    # result resharded for v). Rows index them after memory_terms: edge term k is term
+    # len(memory_terms) + k. u == v means one group: bytes[s, s].
+    edge_memory_terms: Sequence[tuple[int, int, np.ndarray]] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +106,9 @@ def shared_seconds(request: Request, choice) -> float:
 
 
 def term_values(request: Request, choice) -> np.ndarray:
-    return np.array([float(b[choice[g]]) for g, b in request.memory_terms])
+    """Bytes of every memory term under ``choice``: group terms, then edge terms."""
+    return np.array([float(b[choice[g]]) for g, b in request.memory_terms]
+                    + [float(m[choice[u], choice[v]]) for u, v, m in request.edge_memory_terms])
 
 
 def row_bytes(request: Request, choice) -> np.ndarray:
@@ -115,7 +122,7 @@ def row_bytes(request: Request, choice) -> np.ndarray:
 
 
 def peak_memory(request: Request, choice) -> float:
-    if not request.memory_terms:
+    if not request.memory_terms and not request.edge_memory_terms:
         return 0.0
     return float(row_bytes(request, choice).max())
 
@@ -166,8 +173,46 @@ def smallest_memory_choice(request: Request) -> np.ndarray:
     bytes_per_group = [np.zeros(len(c)) for c in request.node_costs]
     for g, b in request.memory_terms:
         bytes_per_group[g] = bytes_per_group[g] + b
+    for u, v, m in request.edge_memory_terms:
+        if u == v:
+            bytes_per_group[u] = bytes_per_group[u] + np.diag(m)
     return np.array([int(np.argmin(np.where(allowed_mask(request, g), b, np.inf)))
                      for g, b in enumerate(bytes_per_group)])
+
+
+def _pairs(request: Request):
+    """Per pair of distinct groups (u, v): the summed cost matrix of its edges and the
+    edge memory terms [(term, bytes[su, sv])] on it, in order of first appearance."""
+    costs: dict[tuple[int, int], np.ndarray] = {}
+    memory: dict[tuple[int, int], list] = {}
+
+    def oriented(u, v, m):
+        return ((u, v), np.asarray(m, float)) if u < v else ((v, u), np.asarray(m, float).T)
+    for u, v, m in request.edges:
+        key, m = oriented(u, v, m)
+        costs[key] = costs[key] + m if key in costs else m
+    for t, (u, v, m) in enumerate(request.edge_memory_terms):
+        if u != v:
+            key, m = oriented(u, v, m)
+            memory.setdefault(key, []).append((t, m))
+    for key in dict.fromkeys([*costs, *memory]):
+        u, v = key
+        shape = (len(request.node_costs[u]), len(request.node_costs[v]))
+        yield key, costs.get(key, np.zeros(shape)), memory.get(key, [])
+
+
+def _classes(matrices: Sequence[np.ndarray]):
+    """Rows (strategies of u) alike in every matrix form a class, and so do columns; every
+    matrix is constant on each (row class, column class) block. Returns the class of each
+    row and column and every matrix reduced to one entry per block."""
+    _, row_of = np.unique(np.concatenate(matrices, axis=1), axis=0, return_inverse=True)
+    row_of = row_of.ravel()
+    rep_rows = [int(np.flatnonzero(row_of == r)[0]) for r in range(int(row_of.max()) + 1)]
+    _, col_of = np.unique(np.concatenate([m[rep_rows] for m in matrices], axis=0), axis=1,
+                          return_inverse=True)
+    col_of = col_of.ravel()
+    rep_cols = [int(np.flatnonzero(col_of == c)[0]) for c in range(int(col_of.max()) + 1)]
+    return row_of, col_of, [m[np.ix_(rep_rows, rep_cols)] for m in matrices]
 
 
 class _Ilp:
@@ -186,16 +231,18 @@ class _Ilp:
             lower.append(1.0); upper.append(1.0); row += 1
         edge_costs = []
         next_var = self.num_x
-        for u, v, m in request.edges:
+        self.edge_memory: dict[int, tuple[int, np.ndarray]] = {}   # term -> (base, e bytes)
+        for (u, v), m, memory in _pairs(request):
             # only allowed strategies get product variables: the others are 0 anyway
             su = np.flatnonzero(allowed_mask(request, u))
             sv = np.flatnonzero(allowed_mask(request, v))
-            row_keys, row_of = np.unique(m[np.ix_(su, sv)], axis=0, return_inverse=True)
-            col_keys, col_of = np.unique(row_keys, axis=1, return_inverse=True)
-            row_of, col_of = row_of.ravel(), col_of.ravel()
-            r_n, c_n = col_keys.shape
+            row_of, col_of, (cost_keys, *memory_keys) = _classes(
+                [m[np.ix_(su, sv)]] + [b[np.ix_(su, sv)] for _, b in memory])
+            r_n, c_n = cost_keys.shape
             base = next_var
-            edge_costs.append(col_keys.ravel() * SECONDS_SCALE)
+            edge_costs.append(cost_keys.ravel() * SECONDS_SCALE)
+            for (t, _), keys in zip(memory, memory_keys):
+                self.edge_memory[t] = (base, keys.ravel())
             next_var += r_n * c_n
             for r in range(r_n):        # sum_c e[r, c] = sum of x[u, s] with row(s) = r
                 for c in range(c_n):
@@ -203,7 +250,7 @@ class _Ilp:
                 for s in su[row_of == r]:
                     rows.append(row); cols.append(self.offsets[u] + s); vals.append(-1.0)
                 lower.append(0.0); upper.append(0.0); row += 1
-            for c in range(c_n):        # row_keys keeps one column per strategy of v
+            for c in range(c_n):        # sum_r e[r, c] = sum of x[v, t] with column(t) = c
                 for r in range(r_n):
                     rows.append(row); cols.append(base + r * c_n + c); vals.append(1.0)
                 for t in sv[col_of == c]:
@@ -241,11 +288,23 @@ class _Ilp:
 
     def add_memory_row(self, terms: Sequence[int]):
         coeff: dict[int, float] = {}
+
+        def add(key, num_bytes):
+            coeff[key] = coeff.get(key, 0.0) + float(num_bytes) / self.request.memory_budget
+        num_group_terms = len(self.request.memory_terms)
         for t in list(self.request.fixed_terms) + list(terms):
-            g, b = self.request.memory_terms[t]
-            for s, num_bytes in enumerate(b):
-                key = self.offsets[g] + s
-                coeff[key] = coeff.get(key, 0.0) + float(num_bytes) / self.request.memory_budget
+            if t < num_group_terms:
+                g, b = self.request.memory_terms[t]
+                for s, num_bytes in enumerate(b):
+                    add(self.offsets[g] + s, num_bytes)
+            elif t - num_group_terms in self.edge_memory:   # on the pair's product e
+                base, keys = self.edge_memory[t - num_group_terms]
+                for k, num_bytes in enumerate(keys):
+                    add(base + k, num_bytes)
+            else:                                           # both ends are one group
+                g, _, m = self.request.edge_memory_terms[t - num_group_terms]
+                for s, num_bytes in enumerate(np.diag(m)):
+                    add(self.offsets[g] + s, num_bytes)
         for key, value in coeff.items():
             self.rows.append(self.num_rows); self.cols.append(key); self.vals.append(value)
         self.lower.append(-np.inf)

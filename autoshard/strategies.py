@@ -12,6 +12,8 @@ import itertools
 import math
 from typing import Mapping
 
+import numpy as np
+
 from autoshard import hardware as hwlib
 from autoshard import specs
 from autoshard.errors import PinError
@@ -214,7 +216,9 @@ def materialized_values(graph: Graph, einsums) -> list[bool]:
     """Which values XLA keeps in memory: not those fused between elementwise ops.
 
     Values crossing a loop or branch seam are in memory: the loop state, and the slices
-    a body reads from stacked xs or writes into stacked ys, every iteration."""
+    a body reads from stacked xs or writes into stacked ys, every iteration. So are the
+    results of expensive ops read by several nodes (XLA computes them once), and what a
+    reduction does not fuse (``kept_from_reduction``)."""
     outputs = set(v for v in graph.outputs if v is not None)
 
     def seam(node_id):
@@ -226,9 +230,94 @@ def materialized_values(graph: Graph, einsums) -> list[bool]:
                 or seam(value.producer)):
             flags.append(True)
             continue
-        flags.append(any(einsums[u] is None or not einsums[u].fusible or seam(u)
-                         for u, _ in graph.users[value.id]))
+        users = {u for u, _ in graph.users[value.id]}
+        flags.append(any(einsums[u] is None or not einsums[u].fusible or seam(u) for u in users)
+                     or expensive(graph.nodes[value.producer]) and len(users) > 1)
+    feeds, statistics = feeds_reductions(graph, einsums), statistics_of(graph, einsums)
+    squared = feeds_reductions(graph, einsums, unary_only=True)
+    for value in graph.values:
+        if feeds[value.id] and not flags[value.id]:
+            flags[value.id] = kept_from_reduction(graph, graph.nodes[value.producer], value,
+                                                  einsums, statistics, squared[value.id])
     return flags
+
+
+# Elementwise primitives XLA will not compute twice: fused into one consumer only, so a
+# result read by several (a tanh kept for the backward pass) is written to memory.
+EXPENSIVE = frozenset({"exp", "exp2", "expm1", "log", "log1p", "logistic", "tanh", "sqrt",
+                       "rsqrt", "cbrt", "pow", "erf", "erfc", "erf_inv", "atan2", "acos",
+                       "asin", "atan", "acosh", "asinh", "atanh", "cosh", "sinh", "lgamma",
+                       "digamma"})
+
+
+def expensive(node: Node) -> bool:
+    if node.primitive == "div":   # XLA: a float division is expensive, an integer one not
+        return not all(np.issubdtype(d, np.integer) for d in node.operand_dtypes)
+    return node.primitive in EXPENSIVE
+
+
+REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax",
+                        "argmin"})
+
+
+def feeds_reductions(graph: Graph, einsums, unary_only: bool = False) -> list[bool]:
+    """Per value: read by a reduction, directly or through elementwise (fusible) nodes;
+    with ``unary_only``, through nodes reading nothing else (a square)."""
+    feeds = [False] * len(graph.values)
+    for value in reversed(graph.values):
+        for user, _ in graph.users[value.id]:
+            node = graph.nodes[user]
+            fused = node.kind == "eqn" and einsums[user] is not None and einsums[user].fusible
+            if unary_only:
+                fused = fused and sum(v is not None for v in node.operands) == 1
+            if node.primitive in REDUCTIONS or fused and any(feeds[o] for o in node.outputs):
+                feeds[value.id] = True
+    return feeds
+
+
+def statistics_of(graph: Graph, einsums) -> list[bool]:
+    """Per value: computed from a reduction's result by elementwise ops (a mean, a
+    variance, an inverse norm)."""
+    flags = []
+    for value in graph.values:
+        node = graph.nodes[value.producer]
+        fused = node.kind == "eqn" and einsums[node.id] is not None and einsums[node.id].fusible
+        flags.append(node.primitive in REDUCTIONS
+                     or fused and any(v is not None and flags[v] for v in node.operands))
+    return flags
+
+
+def spreads(graph: Graph, node: Node, value, einsums) -> bool:
+    """Whether ``value`` spreads smaller arrays over a bigger shape: a broadcast, or an
+    elementwise op all of whose array operands are smaller (rsqrt[b, t, 1] * scale[d])."""
+    einsum = einsums[node.id]
+    if node.kind != "eqn" or einsum is None or not einsum.fusible:
+        return False
+    sizes = [math.prod(graph.values[v].shape) for v in node.operands if v is not None]
+    if node.primitive == "broadcast_in_dim":
+        return bool(sizes) and sizes[0] < math.prod(value.shape)
+    return bool(sizes) and max(sizes) < math.prod(value.shape)
+
+
+def kept_from_reduction(graph: Graph, node: Node, value, einsums, statistics,
+                        squared: bool) -> bool:
+    """Whether XLA keeps in memory a value a reduction reads through fused elementwise
+    ops. The reduction takes the elementwise chain in, but not a broadcast (the norm scale
+    or the inverse norm, spread over the activation), nor an activation centred on one of
+    its statistics (x - mean), nor an op combining two activations that other nodes read
+    too when the reduction reads it through ops of one operand (the residual sum a norm
+    squares): those are written to memory, often for the backward pass."""
+    if spreads(graph, node, value, einsums):
+        return True
+    if node.kind != "eqn" or einsums[node.id] is None or not einsums[node.id].fusible:
+        return False
+    size = math.prod(value.shape)
+    operands = [graph.values[v] for v in node.operands if v is not None]
+    if node.primitive in ("sub", "add") and any(
+            math.prod(v.shape) < size and statistics[v.id] for v in operands):
+        return True
+    full = [v for v in operands if math.prod(v.shape) == size]
+    return squared and len(full) >= 2 and len({u for u, _ in graph.users[value.id]}) > 1
 
 
 CONTRACTIONS = ("dot_general", "conv_general_dilated")
@@ -267,6 +356,36 @@ def trailing_nodes(graph: Graph) -> list[bool]:
     return trailing
 
 
+def node_strategies(node: Node, einsum: Einsum, out_values, pin: Spec | None,
+                    ctx: _Context) -> list[Strategy]:
+    found = einsum_strategies(node, einsum, [v.shape for v in out_values],
+                              [v.dtype for v in out_values], ctx)
+    if pin is not None:  # filter before prune's cap, so a pinned spec survives it
+        found = [s for s in found if s.out_specs[0] == pin]
+        if not found:
+            raise PinError(f"pin {node.label!r}: {specs.spec_str(pin)} is not a spec this "
+                           "result can be produced in (axes sharing a dim go in mesh order)")
+    return prune(found)
+
+
+def hashable(value):
+    """``value`` if it hashes, else its repr: params of equal meaning compare equal."""
+    try:
+        hash(value)
+        return value
+    except TypeError:
+        return repr(value)
+
+
+def node_signature(graph: Graph, node: Node) -> tuple:
+    """What a node's rule and strategies depend on: equal signatures, equal strategies."""
+    params = tuple((k, hashable(v)) for k, v in node.params.items())   # jax orders them
+    return (node.kind, node.primitive, params, node.operand_shapes, node.operand_dtypes,
+            tuple(v is None for v in node.operands),
+            tuple((graph.values[v].shape, graph.values[v].dtype) for v in node.outputs),
+            node.weight)
+
+
 def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
                      pins: Mapping[int, Spec] | None = None,
                      combined_kinds: tuple[str, ...] = ()) -> StrategySpace:
@@ -274,35 +393,35 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
     ``combined_kinds`` are the collective kinds the backend's combiner merges."""
     pins = pins or {}
     trailing = trailing_nodes(graph) if combined_kinds else [False] * len(graph.nodes)
-    einsums = []
-    for node in graph.nodes:
+    signatures = [node_signature(graph, node) for node in graph.nodes]
+    einsums, rules_seen = [], {}
+    for node, signature in zip(graph.nodes, signatures):
         if node.kind in ("arg", "const"):
             einsums.append(None)
-        else:
-            einsums.append(rule_for(node, [graph.values[v].shape for v in node.outputs]))
+            continue
+        if signature not in rules_seen:
+            rules_seen[signature] = rule_for(node, [graph.values[v].shape for v in node.outputs])
+        einsums.append(rules_seen[signature])
     materialized = materialized_values(graph, einsums)
     all_strategies = []
+    known: dict = {}   # a repeated layer's nodes share their strategies
     for node, einsum in zip(graph.nodes, einsums):
         out_values = [graph.values[v] for v in node.outputs]
         if node.kind == "arg":
             found = value_strategies(out_values[0].shape, axis_sizes, pins.get(node.id))
             found = keep_scanned_dim_whole(graph, node, found) if node.id not in pins else found
-        elif node.kind == "const":
-            found = value_strategies(out_values[0].shape, {})
-        else:
-            reads = [v is not None and materialized[v] for v in node.operands]
-            combines = frozenset(combined_kinds) if trailing[node.id] else frozenset()
-            ctx = _Context(axis_sizes, hw, (reads, [materialized[v.id] for v in out_values]),
-                           combines)
-            found = einsum_strategies(node, einsum, [v.shape for v in out_values],
-                                      [v.dtype for v in out_values], ctx)
-            if node.id in pins:  # filter before prune's cap, so a pinned spec survives it
-                found = [s for s in found if s.out_specs[0] == pins[node.id]]
-                if not found:
-                    raise PinError(f"pin {node.label!r}: {specs.spec_str(pins[node.id])} is "
-                                   "not a spec this result can be produced in (axes sharing "
-                                   "a dim go in mesh order)")
-            found = prune(found)
-        all_strategies.append(tuple(found))
+            all_strategies.append(tuple(found))
+            continue
+        if node.kind == "const":
+            all_strategies.append(tuple(value_strategies(out_values[0].shape, {})))
+            continue
+        reads = tuple(v is not None and materialized[v] for v in node.operands)
+        writes = tuple(materialized[v.id] for v in out_values)
+        combines = frozenset(combined_kinds) if trailing[node.id] else frozenset()
+        key = (signatures[node.id], reads, writes, combines, pins.get(node.id))
+        if key not in known:
+            known[key] = tuple(node_strategies(node, einsum, out_values, pins.get(node.id),
+                                               _Context(axis_sizes, hw, (reads, writes), combines)))
+        all_strategies.append(known[key])
     return StrategySpace(graph, tuple(all_strategies), tuple(einsums), tuple(materialized),
                          dict(axis_sizes), hw)

@@ -93,6 +93,29 @@ def test_dropping_dominated_strategies_keeps_the_optimum(seed):
     assert brute_force(pruned) == pytest.approx(brute_force(request))
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_coarsening_keeps_memory_that_depends_on_two_groups(seed):
+    # edge memory terms (a resharded copy: bytes per pair of strategies) on pairs that
+    # fall in two classes and in one class; rows hold them beside the group terms
+    rng = np.random.default_rng(seed)
+    base = random_request(rng, groups=6, strategies=3, edges=6)
+    pairs = [(0, 1), (2, 0), (4, 5)]            # classes (0, 1), (0, 0), (2, 2)
+    copies = [(u, v, rng.random((3, 3)) * 10) for u, v in pairs]
+    rows = LiveRows(terms=[1, 2, 3, 6, 7, 8], starts=[0, 0, 1, 0, 1, 1],
+                    ends=[1, 2, 2, 1, 2, 2], points=[1, 2])
+    request = Request(node_costs=base.node_costs, edges=base.edges,
+                      memory_terms=base.memory_terms, fixed_terms=[0], memory_rows=rows,
+                      edge_memory_terms=copies, memory_budget=25.0)
+    class_of = np.array([0, 1, 0, 1, 2, 2])
+    reduced = coarsen.quotient(request, class_of)
+    for choice in itertools.product(range(3), repeat=3):
+        full = np.asarray(choice)[class_of]
+        np.testing.assert_allclose(evaluate(reduced, choice), evaluate(request, full))
+    best = brute_force(request)
+    assert np.isfinite(best) and brute_force(coarsen.drop_dominated(request)) == pytest.approx(best)
+    assert solve(request).objective == pytest.approx(best)
+
+
 @pytest.fixture(scope="module")
 def four_layers():
     return programs.transformer_train_step(layers=4)

@@ -78,3 +78,50 @@ def test_greedy_matches_ilp_on_a_tree():
     brute = min(evaluate(r, c)[0] for c in np.ndindex(*(4,) * 6))
     assert exact.objective == pytest.approx(brute)
     assert evaluate(r, greedy(r))[0] >= brute - 1e-12
+
+
+def test_resharded_copy_costs_memory_only_for_the_pair_that_makes_it():
+    # g0 is a weight kept sharded (strategy 1, 1 B) or replicated (0, 8 B); g1 reads it
+    # whole (0, 1 s) or sliced (1, 5 s). Gathering a sharded weight for a whole reader
+    # takes 1 s and makes an 8 B copy; slicing a replicated one makes none (fused).
+    #   (0, 0): 1 s, 8 B    (0, 1): 5 s, 8 B    (1, 0): 2 s, 1 + 8 = 9 B    (1, 1): 5 s, 1 B
+    # Budget 5 B: only (1, 1) fits; without the copy (1, 0) at 2 s and 1 B would win.
+    copy = np.array([[0.0, 0.0], [8.0, 0.0]])
+    r = Request(node_costs=[np.zeros(2), np.array([1.0, 5.0])],
+                edges=[(0, 1, np.array([[0.0, 0.0], [1.0, 0.0]]))],
+                memory_terms=[(0, np.array([8.0, 1.0]))], fixed_terms=[0],
+                edge_memory_terms=[(0, 1, copy)], memory_rows=[(1,)], memory_budget=5.0)
+    assert evaluate(r, [1, 0]) == (pytest.approx(2.0), pytest.approx(9.0))
+    assert evaluate(r, [0, 0])[1] == pytest.approx(8.0)
+    result = solve(r)
+    assert list(result.choice) == [1, 1]
+    assert result.objective == pytest.approx(5.0) and result.memory_bytes == pytest.approx(1.0)
+    without = solve(Request(node_costs=r.node_costs, edges=r.edges, memory_terms=r.memory_terms,
+                            fixed_terms=[0], memory_budget=5.0))
+    assert list(without.choice) == [1, 0]
+
+
+def test_edge_memory_term_within_one_group_is_its_diagonal():
+    # Both ends in group 0 (as after coarsening puts them in one class): strategy s
+    # weighs bytes[s, s]: 5 B for strategy 0, 1 B for 1. Budget 2 B forces strategy 1.
+    r = Request(node_costs=[np.array([0.0, 1.0])], edges=[],
+                edge_memory_terms=[(0, 0, np.array([[5.0, 0.0], [0.0, 1.0]]))],
+                memory_rows=[(0,)], memory_budget=2.0)
+    assert evaluate(r, [0])[1] == pytest.approx(5.0)
+    result = solve(r)
+    assert list(result.choice) == [1] and result.memory_bytes == pytest.approx(1.0)
+
+
+def test_memory_terms_on_the_same_pair_share_one_product():
+    # Two edge terms on the pair (0, 1) live in different rows: row 0 holds the first
+    # (4 B when both pick 0), row 1 the second (6 B when g0 picks 1 and g1 picks 0).
+    # Costs favour (1, 0) (0 s), then (0, 0) (1 s), then (1, 1) (2 s); budget 5 B rules
+    # out (1, 0) (6 B) but not (0, 0) (4 B).
+    first = np.array([[4.0, 0.0], [0.0, 0.0]])
+    second = np.array([[0.0, 0.0], [6.0, 0.0]])
+    r = Request(node_costs=[np.array([1.0, 0.0]), np.array([0.0, 2.0])], edges=[],
+                edge_memory_terms=[(0, 1, first), (1, 0, second.T)],
+                memory_rows=[(0,), (1,)], memory_budget=5.0)
+    result = solve(r)
+    assert list(result.choice) == [0, 0]
+    assert result.objective == pytest.approx(1.0) and result.memory_bytes == pytest.approx(4.0)
