@@ -291,6 +291,10 @@ def solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s,
     try:
         result = solve(coarse.request)
     except InfeasibleBudget as e:
+        if e.smallest_bytes <= budget:   # memory is not what rules every plan out
+            raise PinError(
+                "no plan keeps every pin and gives each donated argument its output's spec; "
+                "unpin the donated arguments or leave them undonated") from None
         raise MemoryBudgetError(
             f"no plan fits the memory budget of {budget:.4g} bytes per device on mesh {sizes}; "
             f"the smallest the planner reached is {e.smallest_bytes:.4g} bytes",

@@ -174,28 +174,34 @@ def strategy_features(request: Request) -> list[np.ndarray]:
     """Per group, one row per strategy of everything that strategy costs or weighs: its
     own seconds, its row of every edge matrix, its bytes in every memory term, its share
     of every shared cost. A tie's keys enter as +key and -key, so only equal keys compare."""
-    feats: list[list[np.ndarray]] = [[np.asarray(c, float)[:, None]] for c in request.node_costs]
+    feats: list[dict[bytes, np.ndarray]] = [{} for _ in request.node_costs]
+
+    def add(g, columns):   # a column already there adds nothing to compare (layer copies)
+        columns = np.ascontiguousarray(columns, dtype=float)
+        feats[g].setdefault(columns.tobytes(), columns)
+    for g, c in enumerate(request.node_costs):
+        add(g, np.asarray(c, float)[:, None])
     for u, v, m in request.edges:
-        feats[u].append(m)
-        feats[v].append(m.T)
+        add(u, m)
+        add(v, m.T)
     for g, b in request.memory_terms:
-        feats[g].append(np.asarray(b, float)[:, None])
+        add(g, np.asarray(b, float)[:, None])
     for u, v, m in request.edge_memory_terms:
         if u == v:
-            feats[u].append(np.diag(m)[:, None])
+            add(u, np.diag(m)[:, None])
         else:
-            feats[u].append(m)
-            feats[v].append(m.T)
+            add(u, m)
+            add(v, m.T)
     for seconds, members in request.shared_costs:
         by_group: dict[int, np.ndarray] = {}
         for g, s in members:
             by_group.setdefault(g, np.zeros(len(request.node_costs[g])))[s] = seconds
         for g, paid in by_group.items():
-            feats[g].append(paid[:, None])
+            add(g, paid[:, None])
     for u, v, keys_u, keys_v in request.ties:
-        feats[u].append(np.stack([keys_u, -keys_u], axis=1).astype(float))
-        feats[v].append(np.stack([keys_v, -keys_v], axis=1).astype(float))
-    return [np.concatenate(f, axis=1) for f in feats]
+        add(u, np.stack([keys_u, -keys_u], axis=1))
+        add(v, np.stack([keys_v, -keys_v], axis=1))
+    return [np.concatenate(list(f.values()), axis=1) for f in feats]
 
 
 def undominated(features: np.ndarray, allowed: np.ndarray) -> np.ndarray:

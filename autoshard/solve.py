@@ -205,14 +205,20 @@ def _classes(matrices: Sequence[np.ndarray]):
     """Rows (strategies of u) alike in every matrix form a class, and so do columns; every
     matrix is constant on each (row class, column class) block. Returns the class of each
     row and column and every matrix reduced to one entry per block."""
-    _, row_of = np.unique(np.concatenate(matrices, axis=1), axis=0, return_inverse=True)
+    # copies of one matrix (a layer's terms, once per layer) tell rows apart no better
+    distinct = list({np.ascontiguousarray(m).tobytes(): m for m in matrices}.values())
+    _, row_of = np.unique(np.concatenate(distinct, axis=1), axis=0, return_inverse=True)
     row_of = row_of.ravel()
     rep_rows = [int(np.flatnonzero(row_of == r)[0]) for r in range(int(row_of.max()) + 1)]
-    _, col_of = np.unique(np.concatenate([m[rep_rows] for m in matrices], axis=0), axis=1,
+    _, col_of = np.unique(np.concatenate([m[rep_rows] for m in distinct], axis=0), axis=1,
                           return_inverse=True)
     col_of = col_of.ravel()
     rep_cols = [int(np.flatnonzero(col_of == c)[0]) for c in range(int(col_of.max()) + 1)]
     return row_of, col_of, [m[np.ix_(rep_rows, rep_cols)] for m in matrices]
+
+
+def is_integral(x: np.ndarray, tolerance: float = 1e-6) -> bool:
+    return bool(np.all(np.minimum(np.abs(x), np.abs(1 - x)) <= tolerance))
 
 
 class _Ilp:
@@ -315,10 +321,15 @@ class _Ilp:
         a = sparse.csr_array((self.vals, (self.rows, self.cols)),
                              shape=(self.num_rows, self.num_vars))
         constraints = optimize.LinearConstraint(a, self.lower, self.upper)
-        res = optimize.milp(self.cost, constraints=constraints, integrality=self.integrality,
-                            bounds=optimize.Bounds(0, self.var_upper),
-                            options={"time_limit": max(time_limit_s, 1.0), "mip_rel_gap": 1e-6,
-                                     "presolve": True})
+        bounds = optimize.Bounds(0, self.var_upper)
+        options = {"time_limit": max(time_limit_s, 1.0), "presolve": True}
+        # the relaxation of a sharding ILP is most often integral already: then it is the
+        # ILP's optimum, found at the price of one LP instead of branch and bound
+        res = optimize.milp(self.cost, constraints=constraints, bounds=bounds, options=options)
+        if res.x is None or not is_integral(res.x[: self.num_x]):
+            res = optimize.milp(self.cost, constraints=constraints, bounds=bounds,
+                                integrality=self.integrality,
+                                options={**options, "mip_rel_gap": 1e-6})
         if res.x is None:
             return None, res.status
         x = res.x[: self.num_x]
