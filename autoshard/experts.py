@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P

@@ -15,7 +15,6 @@ import json
 from typing import Any, Mapping, Sequence
 
 import jax
-import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from autoshard import specs
