@@ -6,13 +6,13 @@ Each program is planned on 8 simulated CPU devices, compiled, and its predicted 
 
 import jax
 import jax.numpy as jnp
-import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
 import autoshard
 from autoshard import models
 from autoshard.inspect import inspect
+from autoshard.testing import programs
 
 TOLERANCE = 0.10
 
@@ -41,25 +41,7 @@ def test_gathered_weight_is_counted(mesh_1d):
 def test_data_parallel_step_holds_gradients_and_their_reduced_copies(mesh_1d):
     """Adam on a replicated MLP: XLA combines every gradient's all-reduce into one, which
     runs after the last gradient, holding all of them and all their results at once."""
-    d, depth = 512, 3
-    params = {"layers": [{"w": jax.ShapeDtypeStruct((d, d), jnp.float32),
-                          "b": jax.ShapeDtypeStruct((d,), jnp.float32)} for _ in range(depth)]}
-    opt = optax.adam(1e-3)
-    opt_state = jax.eval_shape(opt.init, params)
-    batch = {"x": jax.ShapeDtypeStruct((256, d), jnp.float32),
-             "y": jax.ShapeDtypeStruct((256, d), jnp.float32)}
-
-    def step(params, opt_state, batch):
-        def loss(params):
-            h = batch["x"]
-            for layer in params["layers"]:
-                h = jnp.tanh(h @ layer["w"] + layer["b"])
-            return ((h - batch["y"]) ** 2).mean()
-        value, grads = jax.value_and_grad(loss)(params)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, value
-
-    args = (params, opt_state, batch)
+    step, args = programs.mlp_adam_abstract(batch=256, d=512, depth=3)
     plan = autoshard.plan(step, *args, mesh=mesh_1d, donate_argnums=(0, 1),
                           pins={"params": P(), "opt_state": P(), "batch": P("data")})
     report = compiled_memory(plan, args, donate_argnums=(0, 1))

@@ -11,30 +11,6 @@ from autoshard.inspect import inspect
 from autoshard.testing import programs
 
 
-def mlp_adam_program(batch, d, depth):
-    """A wide MLP regression step with Adam: params and two moments, tiny activations."""
-    import jax.numpy as jnp
-    import optax
-    keys = jax.random.split(jax.random.key(0), depth)
-    params = {"layers": [{"w": jax.ShapeDtypeStruct((d, d), jnp.float32),
-                          "b": jax.ShapeDtypeStruct((d,), jnp.float32)} for _ in keys]}
-    opt = optax.adam(1e-3)
-    opt_state = jax.eval_shape(opt.init, params)
-    batch_args = {"x": jax.ShapeDtypeStruct((batch, d), jnp.float32),
-                  "y": jax.ShapeDtypeStruct((batch, d), jnp.float32)}
-
-    def step(params, opt_state, batch):
-        def loss(params):
-            h = batch["x"]
-            for layer in params["layers"]:
-                h = jnp.tanh(h @ layer["w"] + layer["b"])
-            return ((h - batch["y"]) ** 2).mean()
-        value, grads = jax.value_and_grad(loss)(params)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, value
-    return step, (params, opt_state, batch_args)
-
-
 def spec_of(plan, path):
     return specs.to_partition_spec(plan.argument(path).spec)
 
@@ -66,7 +42,7 @@ def test_small_batch_big_weights_is_megatron(mesh_1d):
 
 def test_tight_memory_shards_parameters_and_optimizer_state(mesh_1d):
     """Adam on a wide MLP with a tiny batch: params + 2 moments dominate memory."""
-    fn, args = mlp_adam_program(batch=8, d=1024, depth=4)
+    fn, args = programs.mlp_adam_abstract(batch=8, d=1024, depth=4)
     dp = autoshard.plan(fn, *args, mesh=mesh_1d, donate_argnums=(0, 1),
                         pins={"params": P(), "opt_state": P()})
     dp_memory = inspect(dp.jit().lower(*args).compile(), dp.hardware, mesh_1d).memory_bytes

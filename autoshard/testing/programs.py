@@ -52,6 +52,7 @@ __all__ = [
     "RTOL",
     "Program",
     "all_programs",
+    "mlp_adam_abstract",
     "conv_train_step",
     "inference_mlp",
     "lm_1b_train_step_abstract",
@@ -694,6 +695,32 @@ def conv_train_step(batch: int = 16, hw: int = 16, channels: tuple = (8, 16), cl
 # ---------------------------------------------------------------------------
 # Large inference MLP
 # ---------------------------------------------------------------------------
+
+
+def mlp_adam_abstract(batch: int, d: int, depth: int) -> tuple[Callable, tuple]:
+    """A wide tanh-MLP regression step with optax Adam, from abstract arguments: the
+    weights and both moments dominate memory, activations are small.
+
+    Returns ``(fn, (params, opt_state, batch))``; ``fn(params, opt_state, batch) ->
+    (params, opt_state, loss)``.
+    """
+    params = {"layers": [{"w": jax.ShapeDtypeStruct((d, d), jnp.float32),
+                          "b": jax.ShapeDtypeStruct((d,), jnp.float32)} for _ in range(depth)]}
+    opt = optax.adam(1e-3)
+    opt_state = jax.eval_shape(opt.init, params)
+    batch_args = {"x": jax.ShapeDtypeStruct((batch, d), jnp.float32),
+                  "y": jax.ShapeDtypeStruct((batch, d), jnp.float32)}
+
+    def step(params, opt_state, batch):
+        def loss(params):
+            h = batch["x"]
+            for layer in params["layers"]:
+                h = jnp.tanh(h @ layer["w"] + layer["b"])
+            return ((h - batch["y"]) ** 2).mean()
+        value, grads = jax.value_and_grad(loss)(params)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+    return step, (params, opt_state, batch_args)
 
 
 def inference_mlp(batch: int = 16, d: int = 8192, abstract: bool = False) -> Program:
