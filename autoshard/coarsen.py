@@ -8,9 +8,11 @@ Two reductions, both exact for what they keep:
   graph, starting from what makes two groups interchangeable (their strategies, follower
   picks and costs) and refining by their neighbours for a few rounds, so that a copy next
   to something different (the first layer after the embedding, the last before the head)
-  keeps a class of its own. Every class is solved as one group: its costs, the edges of
-  all its members and their memory terms are summed onto it, so that the reduced problem
-  prices exactly every plan in which copies choose alike, boundaries included.
+  keeps a class of its own. Copies that feed one another directly alternate between
+  ``PERIOD`` classes, so that neighbouring layers may still choose differently
+  (Megatron's column- and row-parallel pairs). Every class is solved as one group: its costs, the edges of all its members and
+  their memory terms are summed onto it, so that the reduced problem prices exactly every
+  plan in which the copies of a class choose alike, boundaries included.
 - **Dominated strategies.** A strategy never cheaper (alone and against every neighbour)
   and never smaller than another of its group is never needed; it is excluded.
 
@@ -21,6 +23,7 @@ group of the original one.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Sequence
 
 import numpy as np
@@ -29,6 +32,7 @@ from autoshard.cost import CostGraph
 from autoshard.solve import Request, allowed_mask
 
 REFINE_ROUNDS = 4
+PERIOD = 2   # copies alternate between this many classes: Megatron pairs column and row
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,8 +55,18 @@ def interner():
     return lambda key: table.setdefault(key, len(table))
 
 
+LAYER_INDEX = re.compile(r"\[\d+\]|(?<=_)\d+\b")
+
+
+def role(label: str) -> str:
+    """An argument's path with its layer indices dropped: what it is in every layer
+    (``params['blocks'][3]['w']`` and ``...[5]['w']`` alike, Adam's mu and nu apart)."""
+    return LAYER_INDEX.sub("#", label)
+
+
 def node_keys(cg: CostGraph) -> list[int]:
-    """Per node: its primitive, its strategies and its follower picks, as a small int."""
+    """Per node: its primitive, its strategies and its follower picks (and an argument's
+    role), as a small int."""
     space = cg.space
     strategy_key, node_key = interner(), interner()
     by_tuple: dict[int, int] = {}   # strategy tuples are shared between identical nodes
@@ -63,7 +77,8 @@ def node_keys(cg: CostGraph) -> list[int]:
             by_tuple[id(strategies)] = strategy_key(
                 tuple((s.in_specs, s.out_specs, s.combined) for s in strategies))
         keys.append(node_key((node.primitive, by_tuple[id(strategies)],
-                              cg.choice[node.id].tobytes())))
+                              cg.choice[node.id].tobytes(),
+                              role(node.label) if node.kind == "arg" else "")))
     return keys
 
 
@@ -107,11 +122,42 @@ def refine(colours: list[int], ins, outs, rounds: int) -> list[int]:
     return colours
 
 
-def repeated_classes(cg: CostGraph, request: Request, rounds: int = REFINE_ROUNDS) -> np.ndarray:
-    """Class per group, numbered in order of first appearance."""
+def chained(colours: list[int], ins) -> set[int]:
+    """Colours with an edge between two of their groups: copies that feed one another."""
+    return {colours[g] for g, links in enumerate(ins) for _, h in links
+            if colours[h] == colours[g]}
+
+
+def by_period(colours: list[int], split: set[int], period: int) -> list[tuple[int, int]]:
+    """Split each colour in ``split`` into ``period`` classes that alternate along the
+    program: the k-th copy goes with copies k +- period."""
+    seen: dict[int, int] = {}
+    out = []
+    for c in colours:
+        rank = seen.get(c, 0) if c in split else 0
+        seen[c] = rank + 1
+        out.append((c, rank % period))
+    return out
+
+
+def repeated_classes(cg: CostGraph, request: Request, rounds: int = REFINE_ROUNDS,
+                     period: int = PERIOD) -> np.ndarray:
+    """Class per group, numbered in order of first appearance.
+
+    Copies that feed one another directly (the layers of a plain MLP) may want to differ
+    from their neighbours: Megatron pairs a column-parallel layer with a row-parallel one.
+    Those are split into ``period`` alternating classes, and the split is refined into the
+    rest of their layers (backward pass, parameters, optimizer state)."""
     keys = node_keys(cg)
     ins, outs = group_links(cg, keys)
-    colours = refine(initial_colours(cg, request, keys), ins, outs, rounds)
+    initial = initial_colours(cg, request, keys)
+    split = chained(initial, ins)
+    colours = refine(initial, ins, outs, rounds)
+    split = {c for g, c in enumerate(colours) if initial[g] in split}
+    if split and period > 1:
+        number = interner()
+        colours = refine([number(c) for c in by_period(colours, split, period)],
+                         ins, outs, rounds)
     number = interner()
     return np.array([number(c) for c in colours], dtype=np.int64)
 

@@ -16,7 +16,7 @@ import pytest
 
 import autoshard
 from autoshard import cache as plan_cache
-from autoshard import coarsen, progress
+from autoshard import coarsen, models, progress
 from autoshard.solve import LiveRows, Request, evaluate, solve
 from autoshard.testing import programs
 
@@ -201,3 +201,20 @@ def test_progress_shows_stages_only_when_asked(monkeypatch):
 def autoshard_console(buffer):
     from rich.console import Console
     return Console(file=buffer, force_terminal=True, width=80)
+
+
+def test_reuse_lets_neighbouring_layers_alternate(mesh_1d):
+    """A plain MLP's best plan is Megatron's: column- then row-parallel layers. The layers
+    are copies that feed one another, so reuse must not force them to choose alike."""
+    case = models.train_case("mlp", "small", abstract=True)
+    hw = autoshard.Hardware(flops=4.9e14, hbm_bandwidth=2.7e12, memory=80e9,
+                            link_bandwidth=3.6e11, link_latency=1e-5)
+    plans = [autoshard.plan(case.train_step, *case.args, mesh=mesh_1d, hardware=hw,
+                            donate_argnums=case.donate_argnums, reuse=reuse, cache=False)
+             for reuse in (True, False)]
+    reused, alone = plans
+    assert reused.solver["solved_groups"] < alone.solver["solved_groups"]
+    assert reused.cost.total_s <= alone.cost.total_s * 1.01
+    kernels = [reused.argument(f"state['params']['hidden'][{i}]['kernel']").spec
+               for i in range(2, 6)]
+    assert kernels[0] != kernels[1] and kernels[0] == kernels[2] and kernels[1] == kernels[3]
