@@ -317,7 +317,8 @@ def solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s,
                  breakdown=cost_breakdown(cg, choice),
                  memory_parts=memory_parts(cg, choice, result.memory_bytes))
     plan_.solver.update({
-        "status": result.status, "objective_s": result.objective, "groups": cg.num_groups,
+        "status": result.status, "objective_s": result.objective,
+        "lower_bound_s": result.lower_bound, "groups": cg.num_groups,
         "solved_groups": coarse.num_classes, "nodes": len(graph.nodes),
         "edges": len(cg.edges), "trace_s": traced - started, "cost_s": costed - traced,
         "coarsen_s": coarsened - costed, "solve_s": solved - coarsened,

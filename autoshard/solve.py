@@ -7,8 +7,13 @@ the peak memory of any choice independently, so tests can check the solver's ari
 The ILP (scipy.optimize.milp, HiGHS): a binary x[g, s] per group strategy, one-hot per
 group; per pair of groups a continuous e[r, c] over the distinct rows and columns of the
 pair's matrices (edge costs, and memory that depends on both groups' strategies) whose
-marginals equal the x's (so e is the product of the two one-hots); memory rows added
-lazily, only those the current solution violates, until none does.
+marginals equal the x's (so e is the product of the two one-hots).
+
+Under a memory budget the unconstrained optimum is tried first. When it does not fit,
+memory is priced into the objective (Lagrangian relaxation: a few LPs of the same
+problem, which stay integral), giving plans within the budget and a lower bound on the
+best one. Small problems then add the memory rows the current solution violates, lazily,
+until none does (branch and bound); large ones keep the priced plan ("priced").
 """
 
 from __future__ import annotations
@@ -82,8 +87,9 @@ class Result:
     choice: np.ndarray            # strategy index per group
     objective: float              # seconds
     memory_bytes: float           # peak per device
-    status: str                   # optimal | time_limit | greedy | trivial
+    status: str                   # optimal | priced | time_limit | greedy | trivial
     solve_seconds: float = 0.0
+    lower_bound: float | None = None   # seconds no choice within the budget beats
 
 
 class InfeasibleBudget(Exception):
@@ -292,88 +298,205 @@ class _Ilp:
             mask = allowed_mask(request, g)
             self.var_upper[self.offsets[g]: self.offsets[g + 1]] = mask.astype(float)
 
-    def add_memory_row(self, terms: Sequence[int]):
-        coeff: dict[int, float] = {}
-
-        def add(key, num_bytes):
-            coeff[key] = coeff.get(key, 0.0) + float(num_bytes) / self.request.memory_budget
+    def memory_coefficients(self, weights: np.ndarray) -> np.ndarray:
+        """Per variable, the sum over memory terms of weight x bytes: a term's bytes sit on
+        its group's x, or on its pair's product e (edge terms), or on the diagonal of its
+        one group's x."""
+        coeff = np.zeros(self.num_vars)
         num_group_terms = len(self.request.memory_terms)
-        for t in list(self.request.fixed_terms) + list(terms):
+        for t in np.flatnonzero(weights):
+            w = float(weights[t])
             if t < num_group_terms:
                 g, b = self.request.memory_terms[t]
-                for s, num_bytes in enumerate(b):
-                    add(self.offsets[g] + s, num_bytes)
-            elif t - num_group_terms in self.edge_memory:   # on the pair's product e
+                coeff[self.offsets[g]: self.offsets[g + 1]] += w * np.asarray(b, float)
+            elif t - num_group_terms in self.edge_memory:
                 base, keys = self.edge_memory[t - num_group_terms]
-                for k, num_bytes in enumerate(keys):
-                    add(base + k, num_bytes)
-            else:                                           # both ends are one group
+                coeff[base: base + len(keys)] += w * keys
+            else:
                 g, _, m = self.request.edge_memory_terms[t - num_group_terms]
-                for s, num_bytes in enumerate(np.diag(m)):
-                    add(self.offsets[g] + s, num_bytes)
-        for key, value in coeff.items():
-            self.rows.append(self.num_rows); self.cols.append(key); self.vals.append(value)
+                coeff[self.offsets[g]: self.offsets[g + 1]] += w * np.diag(m)
+        return coeff
+
+    def add_memory_row(self, terms: Sequence[int]):
+        weights = np.zeros(num_terms(self.request))
+        np.add.at(weights, np.asarray(list(self.request.fixed_terms) + list(terms), np.int64),
+                  1.0 / self.request.memory_budget)   # rows are normalized by the budget
+        coeff = self.memory_coefficients(weights)
+        for key in np.flatnonzero(coeff):
+            self.rows.append(self.num_rows); self.cols.append(int(key))
+            self.vals.append(float(coeff[key]))
         self.lower.append(-np.inf)
-        self.upper.append(1.0)  # rows are normalized by the budget
+        self.upper.append(1.0)
         self.num_rows += 1
 
-    def solve(self, time_limit_s: float):
+    def solve(self, time_limit_s: float, extra_cost: np.ndarray | None = None,
+              rounded: bool = False):
+        """(choice, HiGHS status). ``extra_cost`` is added to the objective (in seconds);
+        ``rounded`` takes a fractional relaxation's largest x per group instead of
+        branching."""
         a = sparse.csr_array((self.vals, (self.rows, self.cols)),
                              shape=(self.num_rows, self.num_vars))
         constraints = optimize.LinearConstraint(a, self.lower, self.upper)
         bounds = optimize.Bounds(0, self.var_upper)
         options = {"time_limit": max(time_limit_s, 1.0), "presolve": True}
+        cost = self.cost if extra_cost is None else self.cost + extra_cost * SECONDS_SCALE
         # the relaxation of a sharding ILP is most often integral already: then it is the
         # ILP's optimum, found at the price of one LP instead of branch and bound
-        res = optimize.milp(self.cost, constraints=constraints, bounds=bounds, options=options)
-        if res.x is None or not is_integral(res.x[: self.num_x]):
-            res = optimize.milp(self.cost, constraints=constraints, bounds=bounds,
+        res = optimize.milp(cost, constraints=constraints, bounds=bounds, options=options)
+        if not rounded and (res.x is None or not is_integral(res.x[: self.num_x])):
+            res = optimize.milp(cost, constraints=constraints, bounds=bounds,
                                 integrality=self.integrality,
                                 options={**options, "mip_rel_gap": 1e-6})
         if res.x is None:
             return None, res.status
+        self.objective_s = res.fun / SECONDS_SCALE   # a lower bound when rounded
         x = res.x[: self.num_x]
         choice = np.array([int(np.argmax(x[self.offsets[g]: self.offsets[g + 1]]))
                            for g in range(len(self.offsets) - 1)])
         return choice, res.status
 
 
+def num_terms(request: Request) -> int:
+    return len(request.memory_terms) + len(request.edge_memory_terms)
+
+
+def term_prices(request: Request, row_prices: np.ndarray) -> np.ndarray:
+    """Per memory term, the summed price of the rows it is counted in."""
+    prices = np.zeros(num_terms(request))
+    rows = request.memory_rows
+    if isinstance(rows, LiveRows):
+        n = len(rows.points)
+        through = np.concatenate([[0.0], np.cumsum(row_prices[:n])])
+        np.add.at(prices, rows.terms, through[rows.last] - through[rows.first])
+        for r, terms in enumerate(rows.explicit):
+            np.add.at(prices, np.asarray(terms, np.int64), row_prices[n + r])
+    else:
+        for r, terms in enumerate(rows):
+            np.add.at(prices, np.asarray(terms, np.int64), row_prices[r])
+    if len(request.fixed_terms):
+        np.add.at(prices, np.asarray(request.fixed_terms, np.int64), row_prices.sum())
+    return prices
+
+
+LAGRANGE_ROUNDS = 12
+
+
+def lagrangian(request: Request, ilp: _Ilp, choice: np.ndarray, deadline: float):
+    """Memory priced into the objective instead of constrained (Lagrangian relaxation).
+
+    Row prices are a shape (where memory runs over: the violations seen so far, summed)
+    times a level, searched by bisection: raised while the plan runs over the budget,
+    lowered once it fits. Every priced problem is the unconstrained one, whose relaxation
+    is integral. Returns (best choice within the budget or None, its seconds, a lower
+    bound on the budgeted optimum in seconds)."""
+    budget = request.memory_budget
+    unit = max(evaluate(request, choice)[0], 1e-9) / budget   # the budget costs a plan
+    shape = np.zeros(len(row_bytes(request, choice)))
+    best, best_seconds, bound = None, np.inf, 0.0
+    level, low, high = 0.0, 0.0, np.inf     # ``choice`` is the plan at level 0
+    for _ in range(LAGRANGE_ROUNDS):
+        over = row_bytes(request, choice) / budget - 1
+        if over.max() <= 1e-9:
+            seconds = evaluate(request, choice)[0]
+            if seconds < best_seconds:
+                best, best_seconds = choice.copy(), seconds
+            high = min(high, level)
+        else:
+            low = max(low, level)
+            shape += np.maximum(over, 0) / np.maximum(over, 0).sum()
+        if np.isinf(high):
+            level = max(level * 4, 1.0)
+        else:
+            level = np.sqrt(low * high) if low > 0 else high / 4
+        if time.perf_counter() > deadline or high <= low * 1.01:
+            break
+        row_prices = level * unit * shape / shape.sum()
+        candidate, status = ilp.solve(deadline - time.perf_counter(),
+                                      ilp.memory_coefficients(term_prices(request, row_prices)),
+                                      rounded=True)
+        if candidate is None:
+            break
+        choice = candidate
+        if status == 0:
+            bound = max(bound, ilp.objective_s - row_prices.sum() * budget)
+    return best, best_seconds, bound
+
+
 def solve(request: Request) -> Result:
-    """Cheapest choice within the memory budget (ILP), best found on time limit."""
+    """Cheapest choice within the memory budget (ILP), best found on time limit.
+
+    The unconstrained problem first: if its optimum fits, it is the answer. Otherwise
+    memory is priced in (``lagrangian``), which finds plans within the budget in a few
+    LPs and a lower bound on the best one; when they do not meet, the memory rows the
+    current choice violates are added to the ILP until none is, while time remains."""
     start = time.perf_counter()
+    deadline = start + request.time_limit_s
     if all(len(c) == 1 for c in request.node_costs):
         choice = np.zeros(len(request.node_costs), int)
         seconds, peak = evaluate(request, choice)
         if request.memory_budget is not None and peak > request.memory_budget:
             raise InfeasibleBudget(peak)
-        return Result(choice, seconds, peak, "trivial", time.perf_counter() - start)
+        return Result(choice, seconds, peak, "trivial", time.perf_counter() - start, seconds)
     ilp = _Ilp(request)
+    choice, status = ilp.solve(request.time_limit_s)
+    if choice is None:
+        if status == 2:  # infeasible
+            raise InfeasibleBudget(peak_memory(request, smallest_memory_choice(request)))
+        return finish(request, greedy(request), "greedy", start)
+    status_name = "optimal" if status == 0 else "time_limit"
+    if request.memory_budget is None or fits(request, choice):
+        return finish(request, choice, status_name, start)
+    best, best_seconds, bound = lagrangian(request, ilp, choice, deadline)
+    if best is not None and best_seconds <= bound * (1 + OPTIMALITY_GAP):
+        return finish(request, best, "optimal", start, bound)
+    if best is None or ilp.num_vars <= EXACT_MAX_VARIABLES:
+        exact = add_violated_rows(request, ilp, choice, deadline)
+        if exact is not None and (best is None or evaluate(request, exact[0])[0] <= best_seconds):
+            return finish(request, *exact, start, bound)
+    if best is None:
+        smallest = peak_memory(request, smallest_memory_choice(request))
+        raise InfeasibleBudget(min(smallest, peak_memory(request, choice)))
+    return finish(request, best, "priced", start, bound)
+
+
+OPTIMALITY_GAP = 1e-4
+# Branch and bound over memory rows takes minutes past this many variables, where pricing
+# memory takes seconds and lands within a few percent of the relaxation's bound.
+EXACT_MAX_VARIABLES = 20_000
+
+
+def fits(request: Request, choice) -> bool:
+    return bool(row_bytes(request, choice).max() <= request.memory_budget * (1 + 1e-9))
+
+
+def finish(request: Request, choice, status: str, start: float,
+           bound: float | None = None) -> Result:
+    seconds, peak = evaluate(request, choice)
+    if status == "optimal":
+        bound = seconds
+    return Result(choice, seconds, peak, status, time.perf_counter() - start, bound)
+
+
+def add_violated_rows(request: Request, ilp: _Ilp, choice, deadline: float):
+    """Row generation: add the rows ``choice`` violates most and solve again, until the
+    solution fits (then it is the budgeted optimum) or time runs out. Returns
+    (choice, status) within the budget, or None."""
     added: set[int] = set()
-    status_name = "optimal"
-    choice = None
     for _ in range(30):
-        remaining = request.time_limit_s - (time.perf_counter() - start)
-        choice, status = ilp.solve(remaining)
-        if choice is None:
-            if status == 2:  # infeasible
-                smallest = peak_memory(request, smallest_memory_choice(request))
-                raise InfeasibleBudget(smallest)
-            choice, status_name = greedy(request), "greedy"
-            break
-        status_name = "optimal" if status == 0 else "time_limit"
-        if request.memory_budget is None:
-            break
-        over = np.flatnonzero(row_bytes(request, choice) > request.memory_budget * (1 + 1e-9))
-        over = [r for r in over if r not in added]
-        if not over:
-            break
         values = row_bytes(request, choice)
+        over = [r for r in np.flatnonzero(values > request.memory_budget * (1 + 1e-9))
+                if r not in added]
         for r in sorted(over, key=lambda r: -values[r])[:8]:
             added.add(r)
-            terms = request.memory_rows[r] if request.memory_rows else ()
-            ilp.add_memory_row(terms)
-    seconds, peak = evaluate(request, choice)
-    if request.memory_budget is not None and peak > request.memory_budget * (1 + 1e-9):
-        smallest = peak_memory(request, smallest_memory_choice(request))
-        raise InfeasibleBudget(min(smallest, peak))
-    return Result(choice, seconds, peak, status_name, time.perf_counter() - start)
+            ilp.add_memory_row(request.memory_rows[r] if request.memory_rows else ())
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0:
+            return None
+        choice, status = ilp.solve(remaining)
+        if choice is None:
+            return None
+        if fits(request, choice):
+            return choice, "optimal" if status == 0 else "time_limit"
+        if status != 0:
+            return None
+    return None

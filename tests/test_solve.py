@@ -1,9 +1,13 @@
 """The solver on hand-built graphs; the expected arithmetic is in the comments."""
 
+import itertools
+
 import numpy as np
 import pytest
 
-from autoshard.solve import InfeasibleBudget, Request, evaluate, greedy, solve
+from autoshard import solve as solve_module
+from autoshard.solve import (InfeasibleBudget, LiveRows, Request, evaluate, greedy,
+                             peak_memory, solve)
 
 
 def test_edge_cost_pulls_neighbours_together():
@@ -125,3 +129,55 @@ def test_memory_terms_on_the_same_pair_share_one_product():
     result = solve(r)
     assert list(result.choice) == [0, 0]
     assert result.objective == pytest.approx(1.0) and result.memory_bytes == pytest.approx(4.0)
+
+
+def budgeted_request(seed: int, groups: int = 6, strategies: int = 3) -> Request:
+    """Random costs, edges, memory terms on live ranges and a resharded copy, under a
+    budget halfway between the smallest plan's peak and the unconstrained optimum's."""
+    rng = np.random.default_rng(seed)
+    edges = []
+    for _ in range(8):
+        u, v = sorted(rng.choice(groups, 2, replace=False))
+        edges.append((int(u), int(v), rng.random((strategies, strategies))))
+    terms = [(g, rng.random(strategies) * 10) for g in range(groups)]
+    rows = LiveRows(terms=range(1, groups + 1), starts=[*range(1, groups), 0],
+                    ends=[*[min(g + 2, groups) for g in range(1, groups)], 1],
+                    points=range(groups))
+    request = Request(node_costs=[rng.random(strategies) for _ in range(groups)],
+                      edges=edges, memory_terms=terms, fixed_terms=[0], memory_rows=rows,
+                      edge_memory_terms=[(0, 3, rng.random((strategies, strategies)) * 10)])
+    peaks = [peak_memory(request, c)
+             for c in itertools.product(range(strategies), repeat=groups)]
+    free = peak_memory(request, solve(request).choice)
+    return Request(**{**request.__dict__, "memory_budget": (min(peaks) + free) / 2})
+
+
+def brute_force(request: Request) -> float:
+    return min(seconds for seconds, peak in
+               (evaluate(request, c) for c in
+                itertools.product(*[range(len(c)) for c in request.node_costs]))
+               if peak <= request.memory_budget)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_budgeted_optimum_matches_brute_force(seed):
+    request = budgeted_request(seed)
+    result = solve(request)
+    assert result.status == "optimal"
+    assert result.objective == pytest.approx(brute_force(request))
+    assert result.memory_bytes <= request.memory_budget
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_priced_plans_fit_and_bound_the_optimum(seed, monkeypatch):
+    # without branch and bound, pricing memory alone must still give a plan within the
+    # budget, and its lower bound must not exceed the true optimum
+    monkeypatch.setattr(solve_module, "EXACT_MAX_VARIABLES", 0)
+    request = budgeted_request(seed)
+    best = brute_force(request)
+    result = solve(request)
+    assert result.status in ("optimal", "priced")
+    assert result.memory_bytes <= request.memory_budget
+    assert result.lower_bound <= best * (1 + 1e-9) <= result.objective * (1 + 1e-9)
+    if result.status == "optimal":
+        assert result.objective == pytest.approx(best)
