@@ -80,6 +80,10 @@ class Request:
     # result resharded for v). Rows index them after memory_terms: edge term k is term
     # len(memory_terms) + k. u == v means one group: bytes[s, s].
     edge_memory_terms: Sequence[tuple[int, int, np.ndarray]] = ()
+    # (seconds, members (u, v, paid[su, sv])): paid once if any member's pair of choices
+    # is marked, as one resharded copy of a value that several readers want in one spec.
+    # u == v means one group: paid[s, s].
+    shared_edge_costs: Sequence[tuple[float, Sequence[tuple[int, int, np.ndarray]]]] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,8 +111,10 @@ def evaluate(request: Request, choice: Sequence[int]) -> tuple[float, float]:
 
 
 def shared_seconds(request: Request, choice) -> float:
-    return sum(seconds for seconds, members in request.shared_costs
+    once = sum(seconds for seconds, members in request.shared_costs
                if any(choice[g] == s for g, s in members))
+    return once + sum(seconds for seconds, members in request.shared_edge_costs
+                      if any(paid[choice[u], choice[v]] for u, v, paid in members))
 
 
 def term_values(request: Request, choice) -> np.ndarray:
@@ -187,10 +193,12 @@ def smallest_memory_choice(request: Request) -> np.ndarray:
 
 
 def _pairs(request: Request):
-    """Per pair of distinct groups (u, v): the summed cost matrix of its edges and the
-    edge memory terms [(term, bytes[su, sv])] on it, in order of first appearance."""
+    """Per pair of distinct groups (u, v): the summed cost matrix of its edges, the edge
+    memory terms [(term, bytes[su, sv])] on it and the shared edge costs
+    [(index, paid[su, sv])] on it, in order of first appearance."""
     costs: dict[tuple[int, int], np.ndarray] = {}
     memory: dict[tuple[int, int], list] = {}
+    shared: dict[tuple[int, int], list] = {}
 
     def oriented(u, v, m):
         return ((u, v), np.asarray(m, float)) if u < v else ((v, u), np.asarray(m, float).T)
@@ -201,10 +209,15 @@ def _pairs(request: Request):
         if u != v:
             key, m = oriented(u, v, m)
             memory.setdefault(key, []).append((t, m))
-    for key in dict.fromkeys([*costs, *memory]):
+    for k, (_, members) in enumerate(request.shared_edge_costs):
+        for u, v, paid in members:
+            if u != v:
+                key, paid = oriented(u, v, paid)
+                shared.setdefault(key, []).append((k, paid))
+    for key in dict.fromkeys([*costs, *memory, *shared]):
         u, v = key
         shape = (len(request.node_costs[u]), len(request.node_costs[v]))
-        yield key, costs.get(key, np.zeros(shape)), memory.get(key, [])
+        yield key, costs.get(key, np.zeros(shape)), memory.get(key, []), shared.get(key, [])
 
 
 def _classes(matrices: Sequence[np.ndarray]):
@@ -244,17 +257,22 @@ class _Ilp:
         edge_costs = []
         next_var = self.num_x
         self.edge_memory: dict[int, tuple[int, np.ndarray]] = {}   # term -> (base, e bytes)
-        for (u, v), m, memory in _pairs(request):
+        # shared edge cost k is paid through y_k >= every member's marked products
+        shared_rows: list[tuple[int, list[int]]] = []
+        for (u, v), m, memory, shared in _pairs(request):
             # only allowed strategies get product variables: the others are 0 anyway
             su = np.flatnonzero(allowed_mask(request, u))
             sv = np.flatnonzero(allowed_mask(request, v))
-            row_of, col_of, (cost_keys, *memory_keys) = _classes(
-                [m[np.ix_(su, sv)]] + [b[np.ix_(su, sv)] for _, b in memory])
+            row_of, col_of, (cost_keys, *keys) = _classes(
+                [m[np.ix_(su, sv)]] + [b[np.ix_(su, sv)] for _, b in memory]
+                + [paid[np.ix_(su, sv)] for _, paid in shared])
             r_n, c_n = cost_keys.shape
             base = next_var
             edge_costs.append(cost_keys.ravel() * SECONDS_SCALE)
-            for (t, _), keys in zip(memory, memory_keys):
-                self.edge_memory[t] = (base, keys.ravel())
+            for (t, _), term_keys in zip(memory, keys):
+                self.edge_memory[t] = (base, term_keys.ravel())
+            for (k, _), paid_keys in zip(shared, keys[len(memory):]):
+                shared_rows.append((k, (base + np.flatnonzero(paid_keys.ravel())).tolist()))
             next_var += r_n * c_n
             for r in range(r_n):        # sum_c e[r, c] = sum of x[u, s] with row(s) = r
                 for c in range(c_n):
@@ -280,6 +298,20 @@ class _Ilp:
                 lower.append(0.0); upper.append(np.inf); row += 1
             shared_costs.append(np.array([seconds * SECONDS_SCALE]))
             next_var += 1
+        for k, (_, members) in enumerate(request.shared_edge_costs):   # within one group
+            for u, v, paid in members:
+                if u == v:
+                    marked = np.flatnonzero(np.diag(paid)) + self.offsets[u]
+                    shared_rows.append((k, marked.tolist()))
+        first_y = next_var
+        for k, marked in shared_rows:   # y_k >= sum of the member's marked products
+            rows.append(row); cols.append(first_y + k); vals.append(1.0)
+            for var in marked:
+                rows.append(row); cols.append(var); vals.append(-1.0)
+            lower.append(0.0); upper.append(np.inf); row += 1
+        shared_costs.append(np.array([seconds * SECONDS_SCALE
+                                      for seconds, _ in request.shared_edge_costs]))
+        next_var += len(request.shared_edge_costs)
         for u, v, keys_u, keys_v in request.ties:   # sum of x with key k equal on both sides
             for k in np.union1d(keys_u, keys_v):
                 for s in np.flatnonzero(keys_u == k):

@@ -6,6 +6,7 @@ transformer, reuse finds the layers, prices within 1 % of solving every group al
 the reused plan computes what one device computes; plans are deterministic and cached.
 """
 
+import dataclasses
 import io
 import itertools
 import time
@@ -218,3 +219,21 @@ def test_reuse_lets_neighbouring_layers_alternate(mesh_1d):
     kernels = [reused.argument(f"state['params']['hidden'][{i}]['kernel']").spec
                for i in range(2, 6)]
     assert kernels[0] != kernels[1] and kernels[0] == kernels[2] and kernels[1] == kernels[3]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_coarsening_keeps_copies_paid_once(seed):
+    # a copy several readers share, on pairs falling in two classes and in one class
+    rng = np.random.default_rng(seed)
+    base = random_request(rng, groups=6, strategies=3, edges=6)
+    shared = [(1.5, [(0, 1, rng.random((3, 3)) < 0.5), (0, 3, rng.random((3, 3)) < 0.5)]),
+              (0.7, [(4, 5, rng.random((3, 3)) < 0.5)])]
+    request = dataclasses.replace(base, shared_edge_costs=shared)
+    class_of = np.array([0, 1, 0, 1, 2, 2])
+    reduced = coarsen.quotient(request, class_of)
+    for choice in itertools.product(range(3), repeat=3):
+        full = np.asarray(choice)[class_of]
+        np.testing.assert_allclose(evaluate(reduced, choice), evaluate(request, full))
+    best = brute_force(request)
+    assert brute_force(coarsen.drop_dominated(request)) == pytest.approx(best)
+    assert solve(request).objective == pytest.approx(best)

@@ -181,3 +181,35 @@ def test_priced_plans_fit_and_bound_the_optimum(seed, monkeypatch):
     assert result.lower_bound <= best * (1 + 1e-9) <= result.objective * (1 + 1e-9)
     if result.status == "optimal":
         assert result.objective == pytest.approx(best)
+
+
+def test_a_copy_two_readers_want_is_paid_once():
+    # g0 makes a value in spec A (strategy 0; B costs 10 s). Readers g1 and g2 each run
+    # in 1 s wanting it in B (strategy 0) or in 3 s taking A (strategy 1). Resharding
+    # A -> B is made once for both readers: at 5 s, 5 + 1 + 1 = 7 > 3 + 3, so both take
+    # A; at 3 s, 3 + 1 + 1 = 5 < 6, so both take B (paid per reader it would be 8 > 6).
+    for copy_s, readers in ((5.0, 1), (3.0, 0)):
+        reshard = np.array([[1.0, 0.0], [0.0, 0.0]])   # paid[g0: A, reader: wants B]
+        request = Request(node_costs=[np.array([0.0, 10.0]), np.array([1.0, 3.0]),
+                                      np.array([1.0, 3.0])], edges=[],
+                          shared_edge_costs=[(copy_s, [(0, 1, reshard), (0, 2, reshard)])])
+        result = solve(request)
+        assert list(result.choice) == [0, readers, readers]
+        assert result.objective == pytest.approx(min(copy_s + 2, 6.0))
+        assert evaluate(request, [0, 0, 1])[0] == pytest.approx(copy_s + 1 + 3)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_shared_edge_costs_match_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    base = budgeted_request(seed)
+    shared = []
+    for _ in range(4):
+        u = int(rng.integers(6))
+        readers = rng.choice([g for g in range(6)], 2, replace=False)
+        shared.append((float(rng.random() * 2),
+                       [(u, int(v), rng.random((3, 3)) < 0.4) for v in readers]))
+    request = Request(**{**base.__dict__, "shared_edge_costs": shared})
+    result = solve(request)
+    assert result.objective == pytest.approx(brute_force(request))
+    assert result.objective == pytest.approx(evaluate(request, result.choice)[0])
