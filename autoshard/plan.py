@@ -12,9 +12,12 @@ import difflib
 import hashlib
 import io
 import json
+import re
 from typing import Any, Mapping, Sequence
 
 import jax
+import numpy as np
+from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 from jax.sharding import Mesh, NamedSharding
 
 from autoshard import specs
@@ -51,8 +54,81 @@ class ArgumentInfo:
 
 
 def program_fingerprint(closed_jaxpr, in_avals) -> str:
-    text = str(closed_jaxpr) + repr([(tuple(a.shape), str(a.dtype)) for a in in_avals])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    """A digest of the program: every equation in order (primitive, params, operands and
+    results with their types, nested jaxprs in full) and the argument avals. Programs that
+    differ only in variable names or in the values of constants share it; constants are
+    known by type, as no plan depends on their values."""
+    text = JaxprText()
+    text.jaxpr(closed_jaxpr.jaxpr)
+    text.parts.append(repr([(tuple(a.shape), str(a.dtype)) for a in in_avals]))
+    return hashlib.sha256("\n".join(text.parts).encode()).hexdigest()[:16]
+
+
+ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+class JaxprText:
+    """A jaxpr written out line by line, the same in every process: variables numbered in
+    order of appearance, types and params in full, literals by their bytes, and a jaxpr
+    met again (a jitted function called twice) by its number."""
+
+    def __init__(self):
+        self.parts: list[str] = []
+        self.var_numbers: dict = {}
+        self.aval_texts: dict = {}
+        self.jaxpr_numbers: dict[int, int] = {}   # by id: the program holds every jaxpr
+
+    def jaxpr(self, jaxpr) -> int:
+        """Write ``jaxpr`` (a Jaxpr or ClosedJaxpr) unless written already; its number."""
+        if isinstance(jaxpr, ClosedJaxpr):
+            jaxpr = jaxpr.jaxpr
+        number = self.jaxpr_numbers.get(id(jaxpr))
+        if number is not None:
+            return number
+        self.jaxpr_numbers[id(jaxpr)] = number = len(self.jaxpr_numbers)
+        self.parts.append(f"jaxpr {number} {self.binders(jaxpr.constvars)}; "
+                          f"{self.binders(jaxpr.invars)}")
+        for eqn in jaxpr.eqns:
+            params = ",".join(f"{k}={self.param(v)}" for k, v in eqn.params.items())
+            self.parts.append(f"{self.binders(eqn.outvars)} = {eqn.primitive.name}"
+                              f"[{params}] {self.atoms(eqn.invars)}")
+        self.parts.append(f"return {self.atoms(jaxpr.outvars)}")
+        return number
+
+    def aval(self, aval) -> str:
+        text = self.aval_texts.get(aval)
+        if text is None:
+            text = self.aval_texts[aval] = repr(aval)
+        return text
+
+    def binders(self, variables) -> str:
+        numbers, out = self.var_numbers, []
+        for var in variables:
+            numbers[var] = n = len(numbers)
+            out.append(f"{n}:{self.aval(var.aval)}")
+        return " ".join(out)
+
+    def atoms(self, atoms) -> str:
+        numbers = self.var_numbers
+        return " ".join(self.literal(a) if isinstance(a, Literal) else str(numbers[a])
+                        for a in atoms)
+
+    def literal(self, literal) -> str:
+        val = literal.val
+        if isinstance(val, (np.ndarray, np.generic)):
+            text = f"{val.dtype.str}{val.shape}{val.tobytes().hex()}"
+        else:
+            text = repr(val)
+        return f"{text}:{self.aval(literal.aval)}"
+
+    def param(self, value) -> str:
+        if isinstance(value, (Jaxpr, ClosedJaxpr)):
+            return f"jaxpr {self.jaxpr(value)}"
+        if type(value) is tuple and value and all(isinstance(j, (Jaxpr, ClosedJaxpr))
+                                                  for j in value):
+            return "(" + ",".join(f"jaxpr {self.jaxpr(j)}" for j in value) + ")"
+        text = str(value)
+        return ADDRESS.sub(" at 0x", text) if " at 0x" in text else text
 
 
 def spec_to_json(spec: Spec | None):
