@@ -17,7 +17,7 @@ from autoshard.apply import Decision
 from autoshard.breakdown import cost_breakdown, memory_parts
 from autoshard.cache import PLANS, cache_dir, plan_key
 from autoshard.coarsen import coarsen
-from autoshard.cost import CostGraph, build_cost_graph, reshard_seconds
+from autoshard.cost import CostGraph, build_cost_graph, operand_reshard_seconds
 from autoshard.errors import MemoryBudgetError, PinError
 from autoshard.hardware import H100, Hardware
 from autoshard.mesh import as_auto_mesh, axis_sizes
@@ -104,21 +104,22 @@ def local_costs(request: Request, choice) -> list[np.ndarray]:
     return totals
 
 
-def decisions_from(cg: CostGraph, choice) -> dict[tuple, Decision]:
-    """Where apply constrains: resharded operands, every result, loop seams."""
+def decisions_from(cg: CostGraph, chosen) -> dict[tuple, Decision]:
+    """Where apply constrains: resharded operands, every result, loop seams. ``chosen``:
+    a strategy per node (``CostGraph.node_strategies``)."""
     graph = cg.space.graph
     decisions = {}
     for node in graph.nodes:
         if node.kind in ("arg", "const", "output"):
             continue
-        strategy = cg.node_strategy(node.id, choice)
+        strategy = chosen[node.id]
         in_specs = []
         for i, value_id in enumerate(node.operands):
             if value_id is None:
                 in_specs.append(None)
                 continue
             value = graph.values[value_id]
-            have = cg.node_strategy(value.producer, choice).out_specs[value.index]
+            have = chosen[value.producer].out_specs[value.index]
             want = strategy.in_specs[i]
             in_specs.append(want if want != have or node.kind == "boundary" else None)
         # every result is pinned: left free, XLA's propagation may pull a spec chosen for
@@ -130,21 +131,15 @@ def decisions_from(cg: CostGraph, choice) -> dict[tuple, Decision]:
     return decisions
 
 
-def plan_cost(cg: CostGraph, choice, peak_bytes: float) -> PlanCost:
-    graph = cg.space.graph
+def plan_cost(cg: CostGraph, choice, chosen, reshards, peak_bytes: float) -> PlanCost:
+    """The plan's cost from a strategy per node (``chosen``) and the seconds resharding
+    each node's operands (``reshards``, from ``cost.operand_reshard_seconds``)."""
     compute = comm = reshard = 0.0
-    for node in graph.nodes:
-        s = cg.node_strategy(node.id, choice)
+    for s, seconds in zip(chosen, reshards):
         compute += s.compute_s
         comm += s.comm_s
-        for i, value_id in enumerate(node.operands):
-            if value_id is None:
-                continue
-            value = graph.values[value_id]
-            have = cg.node_strategy(value.producer, choice).out_specs[value.index]
-            reshard += node.operand_weights[i] * reshard_seconds(
-                value.shape, value.dtype, have, s.in_specs[i], cg.space.axis_sizes,
-                cg.space.hardware)
+        for x in seconds:
+            reshard += x
     comm += sum(c.seconds for c in cg.shared_costs
                 if any(choice[g] == s for g, s in c.members))
     return PlanCost(compute_s=compute, comm_s=comm + reshard, memory_bytes=peak_bytes,
@@ -302,19 +297,21 @@ def solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s,
     solved = time.perf_counter()
     show.stage("writing the plan")
     choice = coarse.expand(result.choice)
+    chosen = cg.node_strategies(choice)
+    reshards = operand_reshard_seconds(cg, chosen)
     out_specs = []
     for node_id, aval in zip(graph.output_nodes, graph.out_avals):
         if node_id is None:
             out_specs.append(specs.replicated(len(aval.shape)))
         else:
-            out_specs.append(cg.node_strategy(node_id, choice).out_specs[0])
+            out_specs.append(chosen[node_id].out_specs[0])
     plan_ = Plan(mesh=mesh, hardware=hw, arguments=argument_infos(cg, request, choice),
-                 out_specs=out_specs, decisions=decisions_from(cg, choice),
-                 cost=plan_cost(cg, choice, result.memory_bytes),
+                 out_specs=out_specs, decisions=decisions_from(cg, chosen),
+                 cost=plan_cost(cg, choice, chosen, reshards, result.memory_bytes),
                  fingerprint=fingerprint, memory_budget=budget,
                  donate_argnums=tuple(donate_argnums),
                  program=(graph.closed_jaxpr, graph.in_tree, graph.out_tree),
-                 breakdown=cost_breakdown(cg, choice),
+                 breakdown=cost_breakdown(cg, chosen, reshards),
                  memory_parts=memory_parts(cg, choice, result.memory_bytes))
     plan_.solver.update({
         "status": result.status, "objective_s": result.objective,

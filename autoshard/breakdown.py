@@ -18,7 +18,7 @@ import dataclasses
 import re
 from typing import Mapping, Sequence
 
-from autoshard.cost import CostGraph, reshard_collectives
+from autoshard.cost import CostGraph
 
 KEY_PATTERN = re.compile(r"\[[^\]]*\]|\.[A-Za-z_]\w*")
 
@@ -147,11 +147,12 @@ def node_layers(cg: CostGraph) -> list[str]:
             if value_id is None:
                 continue
             value = graph.values[value_id]
+            num_bytes = value.num_bytes
             root = cg.groups[cg.group_of_node[value.producer]][0]
             if root in arg_layer:
-                from_params.append((value.num_bytes, arg_layer[root]))
+                from_params.append((num_bytes, arg_layer[root]))
             if value.producer < node.id and labels[value.producer] is not None:
-                from_data.append((value.num_bytes, labels[value.producer]))
+                from_data.append((num_bytes, labels[value.producer]))
         found = from_params or from_data
         labels.append(max(found, key=lambda t: t[0])[1] if found else None)
     for node in reversed(graph.nodes):
@@ -164,8 +165,11 @@ def node_layers(cg: CostGraph) -> list[str]:
 
 # -- the breakdown ------------------------------------------------------------------------------
 
-def cost_breakdown(cg: CostGraph, choice: Sequence[int]) -> tuple[CostItem, ...]:
-    """One CostItem per (group, layer) with any cost under ``choice``.
+def cost_breakdown(cg: CostGraph, chosen: Sequence,
+                   reshards: Sequence[Sequence[float]]) -> tuple[CostItem, ...]:
+    """One CostItem per (group, layer) with any cost under ``chosen`` (a strategy per node,
+    ``CostGraph.node_strategies``); ``reshards`` holds the seconds resharding each node's
+    operands take (``cost.operand_reshard_seconds``).
 
     The items add up to the plan's cost: compute to ``PlanCost.compute_s``, collectives
     plus resharding to ``PlanCost.comm_s``, resharding alone to ``PlanCost.reshard_s``.
@@ -175,10 +179,12 @@ def cost_breakdown(cg: CostGraph, choice: Sequence[int]) -> tuple[CostItem, ...]
     acc: dict[tuple[int, str], dict] = {}
     for node in graph.nodes:
         g = cg.group_of_node[node.id]
-        entry = acc.setdefault((g, layers[node.id]), {
-            "primitive": node.primitive, "weight": node.weight, "compute_s": 0.0,
-            "comm": {}, "reshard_s": 0.0, "heaviest": -1.0})
-        s = cg.node_strategy(node.id, choice)
+        entry = acc.get((g, layers[node.id]))
+        if entry is None:
+            entry = acc[(g, layers[node.id])] = {
+                "primitive": node.primitive, "weight": node.weight, "compute_s": 0.0,
+                "comm": {}, "reshard_s": 0.0, "heaviest": -1.0}
+        s = chosen[node.id]
         entry["compute_s"] += s.compute_s
         listed = 0.0
         for c in s.collectives:
@@ -186,7 +192,10 @@ def cost_breakdown(cg: CostGraph, choice: Sequence[int]) -> tuple[CostItem, ...]
             listed += c.seconds
         if s.comm_s - listed > 1e-18:
             entry["comm"]["other"] = entry["comm"].get("other", 0.0) + s.comm_s - listed
-        entry["reshard_s"] += operand_reshard_seconds(cg, node, s, choice)
+        seconds = 0.0
+        for x in reshards[node.id]:
+            seconds += x
+        entry["reshard_s"] += seconds
         if s.seconds > entry["heaviest"] and node.kind == "eqn":
             entry["primitive"], entry["weight"], entry["heaviest"] = (node.primitive,
                                                                       node.weight, s.seconds)
@@ -196,21 +205,6 @@ def cost_breakdown(cg: CostGraph, choice: Sequence[int]) -> tuple[CostItem, ...]
             items.append(CostItem(label, e["primitive"], e["compute_s"], e["comm"],
                                   e["reshard_s"], e["weight"]))
     return tuple(items)
-
-
-def operand_reshard_seconds(cg: CostGraph, node, strategy, choice) -> float:
-    """Seconds spent moving ``node``'s operands into the specs ``strategy`` wants."""
-    graph = cg.space.graph
-    seconds = 0.0
-    for i, value_id in enumerate(node.operands):
-        if value_id is None:
-            continue
-        value = graph.values[value_id]
-        have = cg.node_strategy(value.producer, choice).out_specs[value.index]
-        moves = reshard_collectives(value.shape, value.dtype, have, strategy.in_specs[i],
-                                    cg.space.axis_sizes, cg.space.hardware)
-        seconds += node.operand_weights[i] * sum(c.seconds for c in moves)
-    return seconds
 
 
 def memory_parts(cg: CostGraph, choice: Sequence[int], peak_bytes: float) -> dict[str, float]:

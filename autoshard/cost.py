@@ -15,7 +15,6 @@ an ``EdgeMemoryTerm`` over the pair.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Mapping, Sequence
 
@@ -179,6 +178,44 @@ class CostGraph:
         g = self.group_of_node[node_id]
         return self.space.strategies[node_id][self.choice[node_id][group_choice[g]]]
 
+    def node_strategies(self, group_choice: Sequence[int]) -> list:
+        """Per node, its strategy when each group takes its strategy in ``group_choice``."""
+        strategies, picks = self.space.strategies, self.choice
+        return [strategies[n][picks[n][group_choice[g]]]
+                for n, g in enumerate(self.group_of_node)]
+
+
+def operand_reshard_seconds(cg: CostGraph, chosen: Sequence) -> list[list[float]]:
+    """Per node, per operand that is no literal: the seconds (times the operand's weight)
+    of moving it from the spec its producer writes it in to the spec the node reads it in,
+    under ``chosen`` (a strategy per node, ``CostGraph.node_strategies``)."""
+    graph, sizes, hw = cg.space.graph, cg.space.axis_sizes, cg.space.hardware
+    prices: dict = {}
+    out = []
+    for node in graph.nodes:
+        wants, seconds = chosen[node.id].in_specs, []
+        for i, value_id in enumerate(node.operands):
+            if value_id is None:
+                continue
+            value = graph.values[value_id]
+            key = (value.shape, value.dtype, chosen[value.producer].out_specs[value.index],
+                   wants[i])
+            if key not in prices:
+                prices[key] = reshard_seconds(*key, sizes, hw)
+            seconds.append(node.operand_weights[i] * prices[key])
+        out.append(seconds)
+    return out
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Menu:
+    """A node's strategies in the order of its group's: per group strategy, the node's
+    seconds, the spec each operand is read in and the spec each result is written in.
+    Nodes with the same strategies and the same picks (a repeated layer's) share one."""
+    seconds: np.ndarray
+    in_specs: tuple[tuple[Spec | None, ...], ...]   # per operand
+    out_specs: tuple[tuple[Spec, ...], ...]         # per result
+
 
 class _Builder:
     def __init__(self, space: StrategySpace, donated: Sequence[tuple[int, int]],
@@ -194,40 +231,88 @@ class _Builder:
         self.group_of_node: list[int] = []
         self.groups: list[list[int]] = []
         self.choice: list[np.ndarray] = []
-        self._out_specs: dict = {}
+        self.value_num_bytes = [v.num_bytes for v in self.graph.values]
+        self.fusible = [e is not None and e.fusible for e in space.einsums]
+        self._menus: dict = {}
+        self._spec_lists: dict = {}
+        self._identity: dict = {}
+        self._by_shape: dict = {}
         self._follows: dict = {}
+        self._all_picks: dict = {}
+        self._copy_starts: dict = {}
+        self._reductions: dict = {}
+        self._combines: dict = {}
 
-    # Prices are cached by shape and specs, not by value: a repeated layer's values share them.
+    # Prices are cached by shape and specs, not by value: a repeated layer's values share
+    # them. Lists of specs (one per group strategy) come from menus, which are shared; the
+    # caches key them by identity and hold them, so an id is never reused while cached.
     def reshard(self, value_id: int, src: Spec, dst: Spec) -> float:
         v = self.graph.values[value_id]
         return self.reshard_by_shape(v.shape, v.dtype, src, dst)
 
-    @functools.lru_cache(maxsize=None)
     def reshard_by_shape(self, shape, dtype, src: Spec, dst: Spec) -> float:
-        return reshard_seconds(shape, dtype, src, dst, self.axis_sizes, self.hw)
+        key = (shape, dtype, src, dst)
+        if key not in self._by_shape:
+            self._by_shape[key] = reshard_seconds(shape, dtype, src, dst, self.axis_sizes,
+                                                  self.hw)
+        return self._by_shape[key]
 
-    @functools.lru_cache(maxsize=None)
+    def by_identity(self, compute, shape, dtype, *spec_lists, **options):
+        """``compute(shape, dtype, *spec_lists, **options)``, cached by shape, dtype, the
+        identity of each list of specs and the options."""
+        key = (compute.__name__, shape, dtype, *map(id, spec_lists), *options.values())
+        found = self._identity.get(key)
+        if found is None:
+            found = self._identity[key] = (compute(shape, dtype, *spec_lists, **options),
+                                           spec_lists)
+        return found[0]
+
     def reshard_matrix(self, shape, dtype, srcs: tuple, dsts: tuple) -> np.ndarray:
         """[src strategy, dst strategy] seconds, from the distinct specs on each side."""
+        return self.by_identity(self._reshard_matrix, shape, dtype, srcs, dsts)
+
+    def _reshard_matrix(self, shape, dtype, srcs: tuple, dsts: tuple) -> np.ndarray:
         src_keys = {s: i for i, s in enumerate(dict.fromkeys(srcs))}
         dst_keys = {d: i for i, d in enumerate(dict.fromkeys(dsts))}
         small = np.array([[self.reshard_by_shape(shape, dtype, a, b) for b in dst_keys]
                           for a in src_keys])
         return small[np.ix_([src_keys[s] for s in srcs], [dst_keys[d] for d in dsts])]
 
-    @functools.lru_cache(maxsize=None)
     def per_device_bytes(self, shape, dtype, spec_list: tuple) -> np.ndarray:
+        return self.by_identity(self._per_device_bytes, shape, dtype, spec_list)
+
+    def _per_device_bytes(self, shape, dtype, spec_list: tuple) -> np.ndarray:
         return np.array([specs.per_device_bytes(shape, dtype, spec, self.axis_sizes)
                          for spec in spec_list])
 
+    def all_picks(self, num_strategies: int) -> np.ndarray:
+        """The choice of a group's root: every strategy of its own, one array per count."""
+        if num_strategies not in self._all_picks:
+            self._all_picks[num_strategies] = np.arange(num_strategies, dtype=np.int32)
+        return self._all_picks[num_strategies]
+
+    def menu(self, node_id: int) -> _Menu:
+        strategies, picks = self.space.strategies[node_id], self.choice[node_id]
+        key = (id(strategies), id(picks))   # both are shared by identical nodes and kept
+        found = self._menus.get(key)
+        if found is None:
+            chosen = [strategies[c] for c in picks]
+            node = self.graph.nodes[node_id]
+            found = self._menus[key] = _Menu(
+                np.array([s.seconds for s in strategies])[picks],
+                tuple(self.spec_list(tuple(s.in_specs[i] for s in chosen))
+                      for i in range(len(node.operands))),
+                tuple(self.spec_list(tuple(s.out_specs[k] for s in chosen))
+                      for k in range(len(node.outputs))))
+        return found
+
+    def spec_list(self, spec_list: tuple) -> tuple:
+        """One object per distinct list of specs, so that caches may key lists by identity."""
+        return self._spec_lists.setdefault(spec_list, spec_list)
+
     def out_specs(self, node_id: int, index: int) -> tuple[Spec, ...]:
         """The spec of a node's result per strategy of its group."""
-        key = (node_id, index)
-        if key not in self._out_specs:
-            strategies = self.space.strategies[node_id]
-            self._out_specs[key] = tuple(strategies[c].out_specs[index]
-                                         for c in self.choice[node_id])
-        return self._out_specs[key]
+        return self.menu(node_id).out_specs[index]
 
     # -- grouping followers --
     def main_operand(self, node) -> int | None:
@@ -237,8 +322,8 @@ class _Builder:
         best, best_bytes = None, -1
         for i, v in enumerate(node.operands):
             if v is not None and self.graph.values[v].producer < node.id:
-                if self.graph.values[v].num_bytes > best_bytes:
-                    best, best_bytes = i, self.graph.values[v].num_bytes
+                if self.value_num_bytes[v] > best_bytes:
+                    best, best_bytes = i, self.value_num_bytes[v]
         if best is None:
             return None
         producer = self.graph.values[node.operands[best]].producer
@@ -247,7 +332,7 @@ class _Builder:
             return None   # a group with one strategy would decide this node's alone
         if not self.can_keep_donated_spec(node, node.operands[best]):
             return None
-        out_bytes = max(self.graph.values[o].num_bytes for o in node.outputs)
+        out_bytes = max(self.value_num_bytes[o] for o in node.outputs)
         return best if out_bytes <= best_bytes else None
 
     def can_keep_donated_spec(self, node, value_id: int) -> bool:
@@ -268,9 +353,10 @@ class _Builder:
         g = self.group_of_node[u]
         strategies = self.space.strategies[node.id]
         srcs = self.out_specs(u, value.index)
-        key = (id(strategies), i, value.shape, value.dtype, srcs)   # strategies are shared
+        # strategies and menus are shared by identical nodes, and srcs is held with its picks
+        key = (id(strategies), i, value.shape, value.dtype, id(srcs))
         if key in self._follows:
-            return self._follows[key]
+            return self._follows[key][0]
         picks, by_spec = [], {}
         for src in srcs:
             if src not in by_spec:
@@ -283,8 +369,8 @@ class _Builder:
                     by_spec[src] = int(np.argmin([self.reshard(value.id, src, t.in_specs[i])
                                                   + t.seconds for t in strategies]))
             picks.append(by_spec[src])
-        self._follows[key] = np.asarray(picks, dtype=np.int32)
-        return self._follows[key]
+        self._follows[key] = np.asarray(picks, dtype=np.int32), srcs
+        return self._follows[key][0]
 
     def build_groups(self):
         for node in self.graph.nodes:
@@ -292,7 +378,7 @@ class _Builder:
             if i is None:
                 self.group_of_node.append(len(self.groups))
                 self.groups.append([node.id])
-                self.choice.append(np.arange(len(self.space.strategies[node.id]), dtype=np.int32))
+                self.choice.append(self.all_picks(len(self.space.strategies[node.id])))
             else:
                 g = self.group_of_node[self.graph.values[node.operands[i]].producer]
                 self.choice.append(self.follow(node, i))
@@ -306,9 +392,7 @@ class _Builder:
     def build_costs(self):
         node_costs = [np.zeros(self.group_size(g)) for g in range(len(self.groups))]
         for node in self.graph.nodes:
-            g = self.group_of_node[node.id]
-            seconds = np.array([s.seconds for s in self.space.strategies[node.id]])
-            node_costs[g] += seconds[self.choice[node.id]]
+            node_costs[self.group_of_node[node.id]] += self.menu(node.id).seconds
         edges: dict[tuple[int, int], np.ndarray] = {}
         for node in self.graph.nodes:
             gv = self.group_of_node[node.id]
@@ -344,8 +428,7 @@ class _Builder:
 
     def edge_matrix(self, value, node, i) -> np.ndarray:
         srcs = self.out_specs(value.producer, value.index)
-        strategies = self.space.strategies[node.id]
-        dsts = tuple(strategies[c].in_specs[i] for c in self.choice[node.id])
+        dsts = self.menu(node.id).in_specs[i]
         # distinct specs in order of first appearance: the same program gives the same
         # matrices, whatever the process's hash seed
         return self.reshard_matrix(value.shape, value.dtype, srcs, dsts)
@@ -353,9 +436,9 @@ class _Builder:
     def build_shared_costs(self) -> tuple[SharedCost, ...]:
         members: dict[tuple, set] = {}
         for node in self.graph.nodes:
-            strategies = self.space.strategies[node.id]
-            if not any(s.combined for s in strategies):
+            if not self.joins_combined(node.id):
                 continue
+            strategies = self.space.strategies[node.id]
             g = self.group_of_node[node.id]
             # one combined collective per computation: per loop body, once per iteration
             scope, seconds = loop_scope(node), self.hw.link_latency * node.weight
@@ -457,11 +540,15 @@ class _Builder:
                         for v in node.operands)))
         return flags
 
-    @functools.lru_cache(maxsize=None)
-    def copy_bytes(self, shape, dtype, srcs: tuple, dsts: tuple, fused: bool) -> np.ndarray:
+    def copy_bytes(self, shape, dtype, srcs: tuple, dsts: tuple,
+                   fused: bool) -> tuple[np.ndarray, np.ndarray | None] | None:
         """[src strategy, dst strategy] bytes of the copy a reader wanting spec dst makes of
         a value written in spec src: the collectives' result, or the slice (nothing when
-        the reader is fused and slices as it reads)."""
+        the reader is fused and slices as it reads). With it its diagonal, for a reader in
+        the value's group; None when no pair of strategies copies."""
+        return self.by_identity(self._copy_bytes, shape, dtype, srcs, dsts, fused=fused)
+
+    def _copy_bytes(self, shape, dtype, srcs: tuple, dsts: tuple, fused: bool):
         def one(src, dst) -> float:
             if src == dst:
                 return 0.0
@@ -472,7 +559,10 @@ class _Builder:
         src_keys = {s: i for i, s in enumerate(dict.fromkeys(srcs))}
         dst_keys = {d: i for i, d in enumerate(dict.fromkeys(dsts))}
         small = np.array([[one(a, b) for b in dst_keys] for a in src_keys])
-        return small[np.ix_([src_keys[s] for s in srcs], [dst_keys[d] for d in dsts])]
+        if not small.any():
+            return None
+        matrix = small[np.ix_([src_keys[s] for s in srcs], [dst_keys[d] for d in dsts])]
+        return matrix, np.diag(matrix).copy() if len(srcs) == len(dsts) else None
 
     def copy_starts(self, value_id: int, from_args: Sequence[bool]) -> dict[int, int]:
         """Per reader of a value (outputs aside), the node from which a copy made for that
@@ -481,10 +571,13 @@ class _Builder:
         stays for the backward one), so a reader's copy counts from the value's previous
         reader on; a first reader's from the reader itself, or from the start for a value
         of arguments alone, which XLA computes first."""
-        readers = sorted({u for u, _ in self.graph.users[value_id]
-                          if self.graph.nodes[u].kind != "output"})
-        return {u: readers[k - 1] + 1 if k else (0 if from_args[value_id] else u)
+        if value_id not in self._copy_starts:
+            readers = sorted({u for u, _ in self.graph.users[value_id]
+                              if self.graph.nodes[u].kind != "output"})
+            self._copy_starts[value_id] = {
+                u: readers[k - 1] + 1 if k else (0 if from_args[value_id] else u)
                 for k, u in enumerate(readers)}
+        return self._copy_starts[value_id]
 
     def transposed_reads(self) -> list[tuple[int, int, int]]:
         """(value, node, operand) of the operands XLA copies into another layout first."""
@@ -501,22 +594,21 @@ class _Builder:
         ``copy_starts``). An activation a reader also copies into another layout is
         resharded just before: the layout copy is the one kept. Outputs are written in
         their own spec: their buffers are counted as outputs."""
-        graph, einsums = self.graph, self.space.einsums
+        graph = self.graph
         for value in graph.values:
             users = [(u, i) for u, i in graph.users[value.id] if graph.nodes[u].kind != "output"]
+            if not users:
+                continue
             starts = self.copy_starts(value.id, from_args)
             srcs = self.out_specs(value.producer, value.index)
             gu = self.group_of_node[value.producer]
             for user, i in users:
-                strategies = self.space.strategies[user]
-                dsts = tuple(strategies[c].in_specs[i] for c in self.choice[user])
-                fused = einsums[user] is not None and einsums[user].fusible
-                matrix = self.copy_bytes(value.shape, value.dtype, srcs, dsts, fused)
-                if not matrix.any():
+                copy = self.copy_bytes(value.shape, value.dtype, srcs,
+                                       self.menu(user).in_specs[i], self.fusible[user])
+                if copy is None:
                     continue
                 gv = self.group_of_node[user]
-                term = (MemoryTerm(gu, np.diag(matrix).copy()) if gu == gv
-                        else EdgeMemoryTerm(gu, gv, matrix))
+                term = MemoryTerm(gu, copy[1]) if gu == gv else EdgeMemoryTerm(gu, gv, copy[0])
                 held = (value.id, user) not in copied or from_args[value.id]
                 yield term, starts[user] if held else user, user
 
@@ -527,8 +619,7 @@ class _Builder:
         graph = self.graph
         for value_id, node_id, i in transposed:
             value = graph.values[value_id]
-            strategies = self.space.strategies[node_id]
-            dsts = tuple(strategies[c].in_specs[i] for c in self.choice[node_id])
+            dsts = self.menu(node_id).in_specs[i]
             yield (MemoryTerm(self.group_of_node[node_id],
                               self.per_device_bytes(value.shape, value.dtype, dsts)),
                    self.copy_starts(value_id, from_args)[node_id], node_id)
@@ -538,9 +629,17 @@ class _Builder:
         node whose collectives may join it."""
         points: dict[tuple, int] = {}
         for node in self.graph.nodes:
-            if any(s.combined for s in self.space.strategies[node.id]):
+            if self.joins_combined(node.id):
                 points[loop_scope(node)] = node.id
         return points
+
+    def joins_combined(self, node_id: int) -> bool:
+        """Whether some strategy of the node has a collective XLA combines with its like."""
+        strategies = self.space.strategies[node_id]
+        key = id(strategies)   # shared by identical nodes, held by the space
+        if key not in self._combines:
+            self._combines[key] = any(s.combined for s in strategies)
+        return self._combines[key]
 
     def collective_buffers(self, last_read: Sequence[int]):
         """(term, first node, last node) of the buffers a split contraction's reduction
@@ -554,34 +653,50 @@ class _Builder:
         partial result is held until then too."""
         points = self.combine_points()
         for node in self.graph.nodes:
-            strategies = self.space.strategies[node.id]
-            if not any(c.kind in REDUCTIONS for s in strategies for c in s.collectives):
+            buffers = self.reduction_buffers(node)
+            if buffers is None:
                 continue
             g = self.group_of_node[node.id]
-            at_node, held, at_combine = (np.zeros(self.group_size(g)) for _ in range(3))
-            joins = any(s.combined for s in strategies)
-            value = self.graph.values[node.outputs[0]]
-            for s, k in enumerate(self.choice[node.id]):
-                strategy = strategies[k]
-                for c in strategy.collectives:
-                    if c.kind not in REDUCTIONS:
-                        continue
-                    emulated = c.kind == "reduce-scatter" and not self.native_reduce_scatter
-                    if strategy.combined:
-                        at_combine[s] += c.num_bytes
-                    elif emulated and joins:
-                        out_bytes = specs.per_device_bytes(value.shape, value.dtype,
-                                                           strategy.out_specs[0], self.axis_sizes)
-                        held[s] += c.num_bytes - out_bytes
-                        at_combine[s] += c.num_bytes
-                    else:   # the partial result, and an emulated reduce-scatter's full one
-                        at_node[s] += c.num_bytes * (2 if emulated else 1)
+            value_id = node.outputs[0]
             combine_at = points.get(loop_scope(node), node.id)
-            for num_bytes, first, last in ((at_node, node.id, node.id),
-                                           (held, node.id, last_read[value.id]),
-                                           (at_combine, combine_at, combine_at)):
-                if num_bytes.any():
+            for num_bytes, first, last in zip(buffers, (node.id, node.id, combine_at),
+                                              (node.id, last_read[value_id], combine_at)):
+                if num_bytes is not None:
                     yield MemoryTerm(g, num_bytes), first, last
+
+    def reduction_buffers(self, node) -> tuple[np.ndarray | None, ...] | None:
+        """Per group strategy, the bytes of a node's reduction buffers (see
+        ``collective_buffers``): at the node, held to its last reader, and where the
+        combined collective runs, each None where it is nothing; None for a node that
+        never reduces. Nodes sharing a menu share them."""
+        strategies, picks = self.space.strategies[node.id], self.choice[node.id]
+        key = (id(strategies), id(picks))
+        if key not in self._reductions:
+            self._reductions[key] = self._reduction_buffers(node, strategies, picks)
+        return self._reductions[key]
+
+    def _reduction_buffers(self, node, strategies, picks):
+        if not any(c.kind in REDUCTIONS for s in strategies for c in s.collectives):
+            return None
+        at_node, held, at_combine = (np.zeros(len(picks)) for _ in range(3))
+        joins = self.joins_combined(node.id)
+        value = self.graph.values[node.outputs[0]]
+        for s, k in enumerate(picks):
+            strategy = strategies[k]
+            for c in strategy.collectives:
+                if c.kind not in REDUCTIONS:
+                    continue
+                emulated = c.kind == "reduce-scatter" and not self.native_reduce_scatter
+                if strategy.combined:
+                    at_combine[s] += c.num_bytes
+                elif emulated and joins:
+                    out_bytes = specs.per_device_bytes(value.shape, value.dtype,
+                                                       strategy.out_specs[0], self.axis_sizes)
+                    held[s] += c.num_bytes - out_bytes
+                    at_combine[s] += c.num_bytes
+                else:   # the partial result, and an emulated reduce-scatter's full one
+                    at_node[s] += c.num_bytes * (2 if emulated else 1)
+        return tuple(b if b.any() else None for b in (at_node, held, at_combine))
 
     def build_memory(self):
         """Memory terms (arguments and outputs fixed; temporaries, resharded copies and

@@ -190,13 +190,14 @@ def value_strategies(shape, axis_sizes, pinned: Spec | None = None) -> list[Stra
     return [Strategy(specs.spec_str(c), (), (c,), 0.0, 0.0) for c in candidates]
 
 
-def keep_scanned_dim_whole(graph: Graph, node: Node, found: list[Strategy]) -> list[Strategy]:
+def sliced_by_scan(graph: Graph, node: Node) -> bool:
+    return any(graph.nodes[u].primitive == "loop_xs" for u, _ in graph.users[node.outputs[0]])
+
+
+def keep_scanned_dim_whole(found: list[Strategy]) -> list[Strategy]:
     """An argument a scan slices (stacked layer weights) never splits its leading dim:
     that would gather the whole stack before the loop, where splitting another dim
     gathers one layer at a time inside it."""
-    users = graph.users[node.outputs[0]]
-    if not any(graph.nodes[u].primitive == "loop_xs" for u, _ in users):
-        return found
     kept = [s for s in found if not s.out_specs[0][0]]
     return kept or found
 
@@ -404,13 +405,17 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
         einsums.append(rules_seen[signature])
     materialized = materialized_values(graph, einsums)
     all_strategies = []
-    known: dict = {}   # a repeated layer's nodes share their strategies
+    known: dict = {}   # a repeated layer's nodes (and arguments of a shape) share strategies
     for node, einsum in zip(graph.nodes, einsums):
         out_values = [graph.values[v] for v in node.outputs]
         if node.kind == "arg":
-            found = value_strategies(out_values[0].shape, axis_sizes, pins.get(node.id))
-            found = keep_scanned_dim_whole(graph, node, found) if node.id not in pins else found
-            all_strategies.append(tuple(found))
+            pin = pins.get(node.id)
+            scanned = pin is None and sliced_by_scan(graph, node)
+            key = ("arg", out_values[0].shape, pin, scanned)
+            if key not in known:
+                found = value_strategies(out_values[0].shape, axis_sizes, pin)
+                known[key] = tuple(keep_scanned_dim_whole(found) if scanned else found)
+            all_strategies.append(known[key])
             continue
         if node.kind == "const":
             all_strategies.append(tuple(value_strategies(out_values[0].shape, {})))
