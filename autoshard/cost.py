@@ -208,13 +208,40 @@ def operand_reshard_seconds(cg: CostGraph, chosen: Sequence) -> list[list[float]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
+class _Pairs:
+    """The specs a value is written in (per strategy of its group) against those a reader
+    reads it in (per strategy of the reader's group), by distinct spec on each side."""
+    rows: np.ndarray        # per src strategy: its distinct spec
+    cols: np.ndarray        # per dst strategy: its distinct spec
+    seconds: np.ndarray     # [distinct src, distinct dst]: resharding
+    same: np.ndarray        # [distinct src, distinct dst]: the same spec
+    dst_bytes: np.ndarray   # per distinct dst: bytes per device
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class _Menu:
     """A node's strategies in the order of its group's: per group strategy, the node's
     seconds, the spec each operand is read in and the spec each result is written in.
-    Nodes with the same strategies and the same picks (a repeated layer's) share one."""
+    Nodes with the same strategies and the same picks (a repeated layer's) share one.
+    Lists of specs are numbered (``_Builder.spec_list``): caches key them by number."""
     seconds: np.ndarray
-    in_specs: tuple[tuple[Spec | None, ...], ...]   # per operand
-    out_specs: tuple[tuple[Spec, ...], ...]         # per result
+    in_lists: tuple[int, ...]    # per operand
+    out_lists: tuple[int, ...]   # per result
+
+
+class Interner:
+    """Equal items get equal numbers, in order of first appearance."""
+
+    def __init__(self):
+        self.items: list = []
+        self._numbers: dict = {}
+
+    def number(self, item) -> int:
+        found = self._numbers.get(item)
+        if found is None:
+            found = self._numbers[item] = len(self.items)
+            self.items.append(item)
+        return found
 
 
 class _Builder:
@@ -231,12 +258,19 @@ class _Builder:
         self.group_of_node: list[int] = []
         self.groups: list[list[int]] = []
         self.choice: list[np.ndarray] = []
+        self.menus: list[_Menu] = []      # per node, once its group strategies are known
         self.value_num_bytes = [v.num_bytes for v in self.graph.values]
         self.fusible = [e is not None and e.fusible for e in space.einsums]
+        self.arrays = Interner()          # (shape, dtype) of values
+        self.value_array = [self.arrays.number((v.shape, v.dtype)) for v in self.graph.values]
+        self.spec_lists = Interner()      # a spec per group strategy
+        self.specs = Interner()
         self._menus: dict = {}
-        self._spec_lists: dict = {}
-        self._identity: dict = {}
-        self._by_shape: dict = {}
+        self._prices: dict = {}
+        self._pairs: dict = {}
+        self._reshard_matrices: dict = {}
+        self._copies: dict = {}
+        self._bytes: dict = {}
         self._follows: dict = {}
         self._all_picks: dict = {}
         self._copy_starts: dict = {}
@@ -244,46 +278,65 @@ class _Builder:
         self._combines: dict = {}
 
     # Prices are cached by shape and specs, not by value: a repeated layer's values share
-    # them. Lists of specs (one per group strategy) come from menus, which are shared; the
-    # caches key them by identity and hold them, so an id is never reused while cached.
+    # them. Arrays (shape and dtype), specs and lists of specs are numbered, so that the
+    # caches hash small ints.
     def reshard(self, value_id: int, src: Spec, dst: Spec) -> float:
-        v = self.graph.values[value_id]
-        return self.reshard_by_shape(v.shape, v.dtype, src, dst)
+        return self.reshard_by_number(self.value_array[value_id], self.specs.number(src),
+                                      self.specs.number(dst))
 
-    def reshard_by_shape(self, shape, dtype, src: Spec, dst: Spec) -> float:
-        key = (shape, dtype, src, dst)
-        if key not in self._by_shape:
-            self._by_shape[key] = reshard_seconds(shape, dtype, src, dst, self.axis_sizes,
-                                                  self.hw)
-        return self._by_shape[key]
+    def reshard_by_number(self, array: int, src: int, dst: int) -> float:
+        """Seconds to reshard array number ``array`` from spec number ``src`` to ``dst``."""
+        key = (array, src, dst)
+        seconds = self._prices.get(key)
+        if seconds is None:
+            shape, dtype = self.arrays.items[array]
+            seconds = self._prices[key] = reshard_seconds(
+                shape, dtype, self.specs.items[src], self.specs.items[dst], self.axis_sizes,
+                self.hw)
+        return seconds
 
-    def by_identity(self, compute, shape, dtype, *spec_lists, **options):
-        """``compute(shape, dtype, *spec_lists, **options)``, cached by shape, dtype, the
-        identity of each list of specs and the options."""
-        key = (compute.__name__, shape, dtype, *map(id, spec_lists), *options.values())
-        found = self._identity.get(key)
-        if found is None:
-            found = self._identity[key] = (compute(shape, dtype, *spec_lists, **options),
-                                           spec_lists)
-        return found[0]
+    def pairs(self, array: int, srcs: int, dsts: int) -> _Pairs:
+        key = (array, srcs, dsts)
+        if key not in self._pairs:
+            self._pairs[key] = self._pairs_of(array, self.spec_lists.items[srcs],
+                                              self.spec_lists.items[dsts])
+        return self._pairs[key]
 
-    def reshard_matrix(self, shape, dtype, srcs: tuple, dsts: tuple) -> np.ndarray:
-        """[src strategy, dst strategy] seconds, from the distinct specs on each side."""
-        return self.by_identity(self._reshard_matrix, shape, dtype, srcs, dsts)
-
-    def _reshard_matrix(self, shape, dtype, srcs: tuple, dsts: tuple) -> np.ndarray:
+    def _pairs_of(self, array: int, srcs: tuple, dsts: tuple) -> _Pairs:
+        # distinct specs in order of first appearance: the same program gives the same
+        # matrices, whatever the process's hash seed
         src_keys = {s: i for i, s in enumerate(dict.fromkeys(srcs))}
         dst_keys = {d: i for i, d in enumerate(dict.fromkeys(dsts))}
-        small = np.array([[self.reshard_by_shape(shape, dtype, a, b) for b in dst_keys]
-                          for a in src_keys])
-        return small[np.ix_([src_keys[s] for s in srcs], [dst_keys[d] for d in dsts])]
+        src_ids = [self.specs.number(a) for a in src_keys]
+        dst_ids = [self.specs.number(b) for b in dst_keys]
+        seconds = np.array([[self.reshard_by_number(array, a, b) for b in dst_ids]
+                            for a in src_ids])
+        shape, dtype = self.arrays.items[array]
+        return _Pairs(np.array([src_keys[s] for s in srcs], dtype=np.intp),
+                      np.array([dst_keys[d] for d in dsts], dtype=np.intp), seconds,
+                      np.equal.outer(src_ids, dst_ids),
+                      np.array([specs.per_device_bytes(shape, dtype, d, self.axis_sizes)
+                                for d in dst_keys], dtype=float))
 
-    def per_device_bytes(self, shape, dtype, spec_list: tuple) -> np.ndarray:
-        return self.by_identity(self._per_device_bytes, shape, dtype, spec_list)
+    def reshard_matrix(self, array: int, srcs: int, dsts: int) -> tuple[np.ndarray, np.ndarray]:
+        """[src strategy, dst strategy] seconds, from the distinct specs on each side, and
+        its diagonal (for a value and reader in one group)."""
+        key = (array, srcs, dsts)
+        if key not in self._reshard_matrices:
+            pairs = self.pairs(array, srcs, dsts)
+            matrix = pairs.seconds[np.ix_(pairs.rows, pairs.cols)]
+            diagonal = np.diag(matrix).copy() if len(pairs.rows) == len(pairs.cols) else None
+            self._reshard_matrices[key] = matrix, diagonal
+        return self._reshard_matrices[key]
 
-    def _per_device_bytes(self, shape, dtype, spec_list: tuple) -> np.ndarray:
-        return np.array([specs.per_device_bytes(shape, dtype, spec, self.axis_sizes)
-                         for spec in spec_list])
+    def per_device_bytes(self, array: int, spec_list: int) -> np.ndarray:
+        key = (array, spec_list)
+        if key not in self._bytes:
+            shape, dtype = self.arrays.items[array]
+            self._bytes[key] = np.array([
+                specs.per_device_bytes(shape, dtype, spec, self.axis_sizes)
+                for spec in self.spec_lists.items[spec_list]])
+        return self._bytes[key]
 
     def all_picks(self, num_strategies: int) -> np.ndarray:
         """The choice of a group's root: every strategy of its own, one array per count."""
@@ -291,7 +344,7 @@ class _Builder:
             self._all_picks[num_strategies] = np.arange(num_strategies, dtype=np.int32)
         return self._all_picks[num_strategies]
 
-    def menu(self, node_id: int) -> _Menu:
+    def menu_of(self, node_id: int) -> _Menu:
         strategies, picks = self.space.strategies[node_id], self.choice[node_id]
         key = (id(strategies), id(picks))   # both are shared by identical nodes and kept
         found = self._menus.get(key)
@@ -300,19 +353,15 @@ class _Builder:
             node = self.graph.nodes[node_id]
             found = self._menus[key] = _Menu(
                 np.array([s.seconds for s in strategies])[picks],
-                tuple(self.spec_list(tuple(s.in_specs[i] for s in chosen))
+                tuple(self.spec_lists.number(tuple(s.in_specs[i] for s in chosen))
                       for i in range(len(node.operands))),
-                tuple(self.spec_list(tuple(s.out_specs[k] for s in chosen))
+                tuple(self.spec_lists.number(tuple(s.out_specs[k] for s in chosen))
                       for k in range(len(node.outputs))))
         return found
 
-    def spec_list(self, spec_list: tuple) -> tuple:
-        """One object per distinct list of specs, so that caches may key lists by identity."""
-        return self._spec_lists.setdefault(spec_list, spec_list)
-
     def out_specs(self, node_id: int, index: int) -> tuple[Spec, ...]:
         """The spec of a node's result per strategy of its group."""
-        return self.menu(node_id).out_specs[index]
+        return self.spec_lists.items[self.menus[node_id].out_lists[index]]
 
     # -- grouping followers --
     def main_operand(self, node) -> int | None:
@@ -353,10 +402,11 @@ class _Builder:
         g = self.group_of_node[u]
         strategies = self.space.strategies[node.id]
         srcs = self.out_specs(u, value.index)
-        # strategies and menus are shared by identical nodes, and srcs is held with its picks
-        key = (id(strategies), i, value.shape, value.dtype, id(srcs))
+        # strategies are shared by identical nodes and held by the space
+        key = (id(strategies), i, self.value_array[value.id],
+               self.menus[u].out_lists[value.index])
         if key in self._follows:
-            return self._follows[key][0]
+            return self._follows[key]
         picks, by_spec = [], {}
         for src in srcs:
             if src not in by_spec:
@@ -369,8 +419,8 @@ class _Builder:
                     by_spec[src] = int(np.argmin([self.reshard(value.id, src, t.in_specs[i])
                                                   + t.seconds for t in strategies]))
             picks.append(by_spec[src])
-        self._follows[key] = np.asarray(picks, dtype=np.int32), srcs
-        return self._follows[key][0]
+        self._follows[key] = np.asarray(picks, dtype=np.int32)
+        return self._follows[key]
 
     def build_groups(self):
         for node in self.graph.nodes:
@@ -384,6 +434,7 @@ class _Builder:
                 self.choice.append(self.follow(node, i))
                 self.group_of_node.append(g)
                 self.groups[g].append(node.id)
+            self.menus.append(self.menu_of(node.id))
 
     # -- costs --
     def group_size(self, g) -> int:
@@ -392,7 +443,7 @@ class _Builder:
     def build_costs(self):
         node_costs = [np.zeros(self.group_size(g)) for g in range(len(self.groups))]
         for node in self.graph.nodes:
-            node_costs[self.group_of_node[node.id]] += self.menu(node.id).seconds
+            node_costs[self.group_of_node[node.id]] += self.menus[node.id].seconds
         edges: dict[tuple[int, int], np.ndarray] = {}
         for node in self.graph.nodes:
             gv = self.group_of_node[node.id]
@@ -401,10 +452,13 @@ class _Builder:
                     continue
                 value = self.graph.values[value_id]
                 gu = self.group_of_node[value.producer]
-                matrix = self.edge_matrix(value, node, i) * node.operand_weights[i]
+                matrix, diagonal = self.edge_matrix(value, node, i)
+                weight = node.operand_weights[i]   # mostly 1.0, and x * 1.0 is x
                 if gu == gv:
-                    node_costs[gu] += np.diag(matrix)
-                elif (gv, gu) in edges:
+                    node_costs[gu] += diagonal if weight == 1.0 else diagonal * weight
+                    continue
+                matrix = matrix if weight == 1.0 else matrix * weight
+                if (gv, gu) in edges:   # the sums below are new arrays, never a cached one
                     edges[(gv, gu)] += matrix.T
                 else:
                     edges[(gu, gv)] = edges.get((gu, gv), 0) + matrix
@@ -426,12 +480,10 @@ class _Builder:
                             np.array([ids[s] for s in dsts])))
         return tuple(ties)
 
-    def edge_matrix(self, value, node, i) -> np.ndarray:
-        srcs = self.out_specs(value.producer, value.index)
-        dsts = self.menu(node.id).in_specs[i]
-        # distinct specs in order of first appearance: the same program gives the same
-        # matrices, whatever the process's hash seed
-        return self.reshard_matrix(value.shape, value.dtype, srcs, dsts)
+    def edge_matrix(self, value, node, i) -> tuple[np.ndarray, np.ndarray]:
+        return self.reshard_matrix(self.value_array[value.id],
+                                   self.menus[value.producer].out_lists[value.index],
+                                   self.menus[node.id].in_lists[i])
 
     def build_shared_costs(self) -> tuple[SharedCost, ...]:
         members: dict[tuple, set] = {}
@@ -452,8 +504,8 @@ class _Builder:
     def value_bytes(self, value_id: int) -> MemoryTerm:
         value = self.graph.values[value_id]
         g = self.group_of_node[value.producer]
-        num_bytes = self.per_device_bytes(value.shape, value.dtype,
-                                          self.out_specs(value.producer, value.index))
+        num_bytes = self.per_device_bytes(self.value_array[value_id],
+                                          self.menus[value.producer].out_lists[value.index])
         return MemoryTerm(g, num_bytes)
 
     def broadcasts_kept(self, value) -> int:
@@ -540,29 +592,25 @@ class _Builder:
                         for v in node.operands)))
         return flags
 
-    def copy_bytes(self, shape, dtype, srcs: tuple, dsts: tuple,
+    def copy_bytes(self, array: int, srcs: int, dsts: int,
                    fused: bool) -> tuple[np.ndarray, np.ndarray | None] | None:
         """[src strategy, dst strategy] bytes of the copy a reader wanting spec dst makes of
         a value written in spec src: the collectives' result, or the slice (nothing when
         the reader is fused and slices as it reads). With it its diagonal, for a reader in
         the value's group; None when no pair of strategies copies."""
-        return self.by_identity(self._copy_bytes, shape, dtype, srcs, dsts, fused=fused)
+        key = (array, srcs, dsts, fused)
+        if key not in self._copies:
+            self._copies[key] = self._copy_bytes(self.pairs(array, srcs, dsts), fused)
+        return self._copies[key]
 
-    def _copy_bytes(self, shape, dtype, srcs: tuple, dsts: tuple, fused: bool):
-        def one(src, dst) -> float:
-            if src == dst:
-                return 0.0
-            moves = self.reshard_by_shape(shape, dtype, src, dst) > 0   # cached per shape
-            if not moves and fused:
-                return 0.0
-            return float(specs.per_device_bytes(shape, dtype, dst, self.axis_sizes))
-        src_keys = {s: i for i, s in enumerate(dict.fromkeys(srcs))}
-        dst_keys = {d: i for i, d in enumerate(dict.fromkeys(dsts))}
-        small = np.array([[one(a, b) for b in dst_keys] for a in src_keys])
-        if not small.any():
+    @staticmethod
+    def _copy_bytes(pairs: _Pairs, fused: bool):
+        copies = ~pairs.same & (pairs.seconds > 0) if fused else ~pairs.same
+        if not copies.any():
             return None
-        matrix = small[np.ix_([src_keys[s] for s in srcs], [dst_keys[d] for d in dsts])]
-        return matrix, np.diag(matrix).copy() if len(srcs) == len(dsts) else None
+        small = np.where(copies, pairs.dst_bytes, 0.0)
+        matrix = small[np.ix_(pairs.rows, pairs.cols)]
+        return matrix, np.diag(matrix).copy() if len(pairs.rows) == len(pairs.cols) else None
 
     def copy_starts(self, value_id: int, from_args: Sequence[bool]) -> dict[int, int]:
         """Per reader of a value (outputs aside), the node from which a copy made for that
@@ -600,11 +648,12 @@ class _Builder:
             if not users:
                 continue
             starts = self.copy_starts(value.id, from_args)
-            srcs = self.out_specs(value.producer, value.index)
+            array, srcs = self.value_array[value.id], self.menus[value.producer].out_lists[
+                value.index]
             gu = self.group_of_node[value.producer]
             for user, i in users:
-                copy = self.copy_bytes(value.shape, value.dtype, srcs,
-                                       self.menu(user).in_specs[i], self.fusible[user])
+                copy = self.copy_bytes(array, srcs, self.menus[user].in_lists[i],
+                                       self.fusible[user])
                 if copy is None:
                     continue
                 gv = self.group_of_node[user]
@@ -618,10 +667,9 @@ class _Builder:
         any copy (see ``copy_starts``): a weight's from the start of the program."""
         graph = self.graph
         for value_id, node_id, i in transposed:
-            value = graph.values[value_id]
-            dsts = self.menu(node_id).in_specs[i]
+            dsts = self.menus[node_id].in_lists[i]
             yield (MemoryTerm(self.group_of_node[node_id],
-                              self.per_device_bytes(value.shape, value.dtype, dsts)),
+                              self.per_device_bytes(self.value_array[value_id], dsts)),
                    self.copy_starts(value_id, from_args)[node_id], node_id)
 
     def combine_points(self) -> dict[tuple, int]:
@@ -670,7 +718,7 @@ class _Builder:
         combined collective runs, each None where it is nothing; None for a node that
         never reduces. Nodes sharing a menu share them."""
         strategies, picks = self.space.strategies[node.id], self.choice[node.id]
-        key = (id(strategies), id(picks))
+        key = id(self.menus[node.id])   # menus are held by the builder
         if key not in self._reductions:
             self._reductions[key] = self._reduction_buffers(node, strategies, picks)
         return self._reductions[key]

@@ -264,15 +264,16 @@ REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod",
 def feeds_reductions(graph: Graph, einsums, unary_only: bool = False) -> list[bool]:
     """Per value: read by a reduction, directly or through elementwise (fusible) nodes;
     with ``unary_only``, through nodes reading nothing else (a square)."""
+    reduces = [node.primitive in REDUCTIONS for node in graph.nodes]
+    fused = [node.kind == "eqn" and einsum is not None and einsum.fusible
+             and (not unary_only or sum(v is not None for v in node.operands) == 1)
+             for node, einsum in zip(graph.nodes, einsums)]
     feeds = [False] * len(graph.values)
     for value in reversed(graph.values):
         for user, _ in graph.users[value.id]:
-            node = graph.nodes[user]
-            fused = node.kind == "eqn" and einsums[user] is not None and einsums[user].fusible
-            if unary_only:
-                fused = fused and sum(v is not None for v in node.operands) == 1
-            if node.primitive in REDUCTIONS or fused and any(feeds[o] for o in node.outputs):
+            if reduces[user] or fused[user] and any(feeds[o] for o in graph.nodes[user].outputs):
                 feeds[value.id] = True
+                break
     return feeds
 
 
@@ -394,7 +395,9 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
     ``combined_kinds`` are the collective kinds the backend's combiner merges."""
     pins = pins or {}
     trailing = trailing_nodes(graph) if combined_kinds else [False] * len(graph.nodes)
-    signatures = [node_signature(graph, node) for node in graph.nodes]
+    numbers: dict = {}   # equal signatures, one number: hashed once per node
+    signatures = [numbers.setdefault(node_signature(graph, node), len(numbers))
+                  for node in graph.nodes]
     einsums, rules_seen = [], {}
     for node, signature in zip(graph.nodes, signatures):
         if node.kind in ("arg", "const"):
@@ -406,6 +409,7 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
     materialized = materialized_values(graph, einsums)
     all_strategies = []
     known: dict = {}   # a repeated layer's nodes (and arguments of a shape) share strategies
+    combining, alone = frozenset(combined_kinds), frozenset()
     for node, einsum in zip(graph.nodes, einsums):
         out_values = [graph.values[v] for v in node.outputs]
         if node.kind == "arg":
@@ -422,7 +426,7 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
             continue
         reads = tuple(v is not None and materialized[v] for v in node.operands)
         writes = tuple(materialized[v.id] for v in out_values)
-        combines = frozenset(combined_kinds) if trailing[node.id] else frozenset()
+        combines = combining if trailing[node.id] else alone
         key = (signatures[node.id], reads, writes, combines, pins.get(node.id))
         if key not in known:
             known[key] = tuple(node_strategies(node, einsum, out_values, pins.get(node.id),
