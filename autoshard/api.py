@@ -91,6 +91,7 @@ def build_request(cg: CostGraph, memory_budget, time_limit_s) -> Request:
                    ties=[(t.u, t.v, t.keys_u, t.keys_v) for t in cg.ties],
                    memory_terms=[(t.group, t.num_bytes) for t in cg.memory_terms],
                    edge_memory_terms=[(t.src, t.dst, t.num_bytes) for t in cg.edge_memory_terms],
+                   shared_edge_costs=[(s.seconds, s.members) for s in cg.shared_reshards],
                    fixed_terms=cg.fixed_terms, memory_rows=cg.memory_rows,
                    memory_budget=memory_budget, time_limit_s=time_limit_s)
 
@@ -101,6 +102,17 @@ def local_costs(request: Request, choice) -> list[np.ndarray]:
     for u, v, m in request.edges:
         totals[u] += m[:, choice[v]]
         totals[v] += m[choice[u], :]
+    for seconds, members in request.shared_edge_costs:   # paid if any member is marked
+        for g in dict.fromkeys(x for u, v, _ in members for x in (u, v)):
+            paid = np.zeros(len(totals[g]), bool)
+            for u, v, m in members:
+                if u == g and v == g:
+                    paid |= np.diag(m).astype(bool)
+                elif u == g or v == g:
+                    paid |= np.asarray(m[:, choice[v]] if u == g else m[choice[u], :], bool)
+                else:
+                    paid |= bool(m[choice[u], choice[v]])
+            totals[g] += seconds * paid
     return totals
 
 

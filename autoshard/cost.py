@@ -146,6 +146,15 @@ class SharedCost:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
+class SharedReshard:
+    """One resharded copy of a value that several readers may want in one spec: XLA makes
+    it once for all of them. Its seconds are paid once if any member (producer group,
+    reader group, paid[producer strategy, reader strategy]) is marked."""
+    seconds: float
+    members: tuple[tuple[int, int, np.ndarray], ...]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class Tie:
     """Groups u and v must choose strategies with equal keys (the same spec)."""
     u: int
@@ -169,6 +178,7 @@ class CostGraph:
     ties: tuple[Tie, ...] = ()                   # donated argument = its output's spec
     # rows index these after memory_terms: edge term k is term len(memory_terms) + k
     edge_memory_terms: tuple[EdgeMemoryTerm, ...] = ()
+    shared_reshards: tuple[SharedReshard, ...] = ()   # copies several readers share
 
     @property
     def num_groups(self) -> int:
@@ -185,11 +195,29 @@ class CostGraph:
                 for n, g in enumerate(self.group_of_node)]
 
 
+def shared_reads(graph, group_of_node: Sequence[int]) -> dict[tuple[int, int], tuple]:
+    """Reads (node, operand) of a value that other readers outside the value's group read
+    too, at the same weight (outputs aside), each mapped to the key (value, weight) of its
+    fellow readers: XLA reshards such a value once per spec they want, not once per read."""
+    reads: dict[tuple, list] = {}
+    for node in graph.nodes:
+        if node.kind == "output":
+            continue
+        gv = group_of_node[node.id]
+        for i, value_id in enumerate(node.operands):
+            if value_id is not None and group_of_node[graph.values[value_id].producer] != gv:
+                reads.setdefault((value_id, node.operand_weights[i]), []).append((node.id, i))
+    return {read: key for key, found in reads.items() if len(found) > 1 for read in found}
+
+
 def operand_reshard_seconds(cg: CostGraph, chosen: Sequence) -> list[list[float]]:
     """Per node, per operand that is no literal: the seconds (times the operand's weight)
     of moving it from the spec its producer writes it in to the spec the node reads it in,
-    under ``chosen`` (a strategy per node, ``CostGraph.node_strategies``)."""
+    under ``chosen`` (a strategy per node, ``CostGraph.node_strategies``). Of the readers
+    that share a copy (``shared_reads``), the first to want a spec pays for it."""
     graph, sizes, hw = cg.space.graph, cg.space.axis_sizes, cg.space.hardware
+    sharing = shared_reads(graph, cg.group_of_node)
+    made: set = set()
     prices: dict = {}
     out = []
     for node in graph.nodes:
@@ -200,6 +228,11 @@ def operand_reshard_seconds(cg: CostGraph, chosen: Sequence) -> list[list[float]
             value = graph.values[value_id]
             key = (value.shape, value.dtype, chosen[value.producer].out_specs[value.index],
                    wants[i])
+            copy = (sharing.get((node.id, i)), wants[i])
+            if copy[0] is not None and copy in made:
+                seconds.append(0.0)
+                continue
+            made.add(copy)
             if key not in prices:
                 prices[key] = reshard_seconds(*key, sizes, hw)
             seconds.append(node.operand_weights[i] * prices[key])
@@ -445,6 +478,7 @@ class _Builder:
         for node in self.graph.nodes:
             node_costs[self.group_of_node[node.id]] += self.menus[node.id].seconds
         edges: dict[tuple[int, int], np.ndarray] = {}
+        shared, paid_once = self.build_shared_reshards()
         for node in self.graph.nodes:
             gv = self.group_of_node[node.id]
             for i, value_id in enumerate(node.operands):
@@ -457,12 +491,48 @@ class _Builder:
                 if gu == gv:
                     node_costs[gu] += diagonal if weight == 1.0 else diagonal * weight
                     continue
+                if (node.id, i) in paid_once:   # those specs are priced by shared reshards
+                    matrix = np.where(paid_once[(node.id, i)][None, :], 0.0, matrix)
                 matrix = matrix if weight == 1.0 else matrix * weight
                 if (gv, gu) in edges:   # the sums below are new arrays, never a cached one
                     edges[(gv, gu)] += matrix.T
                 else:
                     edges[(gu, gv)] = edges.get((gu, gv), 0) + matrix
-        return node_costs, [Edge(u, v, m) for (u, v), m in edges.items()]
+        return node_costs, [Edge(u, v, m) for (u, v), m in edges.items()], shared
+
+    def build_shared_reshards(self) -> tuple[tuple[SharedReshard, ...], dict]:
+        """A ``SharedReshard`` per value, spec it is written in and spec that two or more
+        of its readers (``shared_reads``) may want; and per such read, a mask over its
+        reader's strategies of the specs it no longer pays for on its own edge."""
+        by_key: dict[tuple, list] = {}
+        for read, key in shared_reads(self.graph, self.group_of_node).items():
+            by_key.setdefault(key, []).append(read)
+        shared, paid_once = [], {}
+        for (value_id, weight), reads in by_key.items():
+            value = self.graph.values[value_id]
+            gu = self.group_of_node[value.producer]
+            srcs = self.spec_lists.items[self.menus[value.producer].out_lists[value.index]]
+            wanted = [self.spec_lists.items[self.menus[n].in_lists[i]] for n, i in reads]
+            readers_of: dict = {}
+            for r, dsts in enumerate(wanted):
+                for spec in dict.fromkeys(dsts):
+                    readers_of.setdefault(spec, []).append(r)
+            common = [spec for spec, readers in readers_of.items() if len(readers) > 1]
+            for r, (n, i) in enumerate(reads):
+                mask = np.array([spec in common for spec in wanted[r]])
+                if mask.any():
+                    paid_once[(n, i)] = mask
+            for dst in common:
+                for src in dict.fromkeys(srcs):
+                    seconds = self.reshard(value_id, src, dst) * weight
+                    if src == dst or seconds == 0:
+                        continue
+                    from_src = np.array([spec == src for spec in srcs])
+                    shared.append(SharedReshard(seconds, tuple(
+                        (gu, self.group_of_node[reads[r][0]],
+                         from_src[:, None] & np.array([s == dst for s in wanted[r]])[None, :])
+                        for r in readers_of[dst])))
+        return tuple(shared), paid_once
 
     def donation_ties(self) -> tuple["Tie", ...]:
         """A donated argument and the output written into its buffer keep one spec: the
@@ -818,7 +888,7 @@ def build_cost_graph(space: StrategySpace, donated: Sequence[tuple[int, int]] = 
     slice instead (CPU): memory then holds the full reduced result."""
     builder = _Builder(space, donated, native_reduce_scatter)
     builder.build_groups()
-    node_costs, edges = builder.build_costs()
+    node_costs, edges, shared_reshards = builder.build_costs()
     terms, fixed, rows, edge_terms = builder.build_memory()
     for term in terms:
         node_costs[term.group] = node_costs[term.group] + TIEBREAK_SECONDS_PER_BYTE * term.num_bytes
@@ -827,4 +897,5 @@ def build_cost_graph(space: StrategySpace, donated: Sequence[tuple[int, int]] = 
                      choice=tuple(builder.choice), node_costs=tuple(node_costs),
                      edges=tuple(edges), memory_terms=terms, fixed_terms=fixed,
                      memory_rows=rows, shared_costs=builder.build_shared_costs(),
-                     ties=builder.donation_ties(), edge_memory_terms=edge_terms)
+                     ties=builder.donation_ties(), edge_memory_terms=edge_terms,
+                     shared_reshards=shared_reshards)

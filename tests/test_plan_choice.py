@@ -1,6 +1,7 @@
 """Plan choice on canonical cases: the specs chosen, and what XLA compiled from them."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
@@ -110,3 +111,20 @@ def test_one_billion_parameters_plan_from_shapes_only(mesh_2d):
     after = sum(x.nbytes for x in jax.live_arrays())
     assert after - before < 64 * 2**20
     assert plan.cost.memory_bytes < plan.hardware.memory
+
+
+def test_a_copy_two_readers_want_is_priced_once(mesh_1d):
+    """x, split on its batch, feeds two column-parallel dots that both read it whole: XLA
+    gathers x once, and the plan prices one gather, not one per reader."""
+    def fn(x, w1, w2):
+        return jnp.tanh(x @ w1), jnp.tanh(x @ w2)
+    args = (jax.ShapeDtypeStruct((64, 256), jnp.float32),
+            jax.ShapeDtypeStruct((256, 8192), jnp.float32),
+            jax.ShapeDtypeStruct((256, 8192), jnp.float32))
+    axis = mesh_1d.axis_names[0]
+    plan = autoshard.plan(fn, *args, mesh=mesh_1d, cache=False,
+                          pins={"x": P(axis), "w1": P(None, axis), "w2": P(None, axis)})
+    report = inspect(plan.jit().lower(*args).compile(), plan.hardware, mesh_1d)
+    gathers = [c for c in report.collectives if c.kind == "all-gather"]
+    assert len(gathers) == 1 and gathers[0].num_bytes == 64 * 256 * 4
+    assert plan.cost.reshard_s == pytest.approx(gathers[0].seconds, rel=0.01)
