@@ -145,6 +145,11 @@ class SharedCost:
     members: tuple[tuple[int, int], ...]
 
 
+# Past this many shared copies of one value (its sources times the specs its readers may
+# share), the solver would slow down more than the sharing is worth: each read pays.
+MAX_SHARED_COPIES = 16
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class SharedReshard:
     """One resharded copy of a value that several readers may want in one spec: XLA makes
@@ -179,6 +184,8 @@ class CostGraph:
     # rows index these after memory_terms: edge term k is term len(memory_terms) + k
     edge_memory_terms: tuple[EdgeMemoryTerm, ...] = ()
     shared_reshards: tuple[SharedReshard, ...] = ()   # copies several readers share
+    # the reads (node, operand) whose copies those are -> the key of their value
+    shared_reads: Mapping[tuple[int, int], tuple] = dataclasses.field(default_factory=dict)
 
     @property
     def num_groups(self) -> int:
@@ -214,9 +221,9 @@ def operand_reshard_seconds(cg: CostGraph, chosen: Sequence) -> list[list[float]
     """Per node, per operand that is no literal: the seconds (times the operand's weight)
     of moving it from the spec its producer writes it in to the spec the node reads it in,
     under ``chosen`` (a strategy per node, ``CostGraph.node_strategies``). Of the readers
-    that share a copy (``shared_reads``), the first to want a spec pays for it."""
+    that share a copy (``CostGraph.shared_reads``), the first to want a spec pays for it."""
     graph, sizes, hw = cg.space.graph, cg.space.axis_sizes, cg.space.hardware
-    sharing = shared_reads(graph, cg.group_of_node)
+    sharing = cg.shared_reads
     made: set = set()
     prices: dict = {}
     out = []
@@ -309,6 +316,7 @@ class _Builder:
         self._copy_starts: dict = {}
         self._reductions: dict = {}
         self._combines: dict = {}
+        self._shared_copies: dict = {}
 
     # Prices are cached by shape and specs, not by value: a repeated layer's values share
     # them. Arrays (shape and dtype), specs and lists of specs are numbered, so that the
@@ -492,47 +500,76 @@ class _Builder:
                     node_costs[gu] += diagonal if weight == 1.0 else diagonal * weight
                     continue
                 if (node.id, i) in paid_once:   # those specs are priced by shared reshards
-                    matrix = np.where(paid_once[(node.id, i)][None, :], 0.0, matrix)
+                    matrix = np.where(paid_once[(node.id, i)][1][None, :], 0.0, matrix)
                 matrix = matrix if weight == 1.0 else matrix * weight
                 if (gv, gu) in edges:   # the sums below are new arrays, never a cached one
                     edges[(gv, gu)] += matrix.T
                 else:
                     edges[(gu, gv)] = edges.get((gu, gv), 0) + matrix
-        return node_costs, [Edge(u, v, m) for (u, v), m in edges.items()], shared
+        return (node_costs, [Edge(u, v, m) for (u, v), m in edges.items()], shared,
+                {read: key for read, (key, _) in paid_once.items()})
 
     def build_shared_reshards(self) -> tuple[tuple[SharedReshard, ...], dict]:
-        """A ``SharedReshard`` per value, spec it is written in and spec that two or more
-        of its readers (``shared_reads``) may want; and per such read, a mask over its
-        reader's strategies of the specs it no longer pays for on its own edge."""
+        """A ``SharedReshard`` per value, spec it is written in (those a copy costs alike
+        from, together) and spec that two or more of its readers (``shared_reads``) may
+        want; and per such read, its value's key and a mask over its reader's strategies
+        of the specs it no longer pays for on its own edge."""
         by_key: dict[tuple, list] = {}
         for read, key in shared_reads(self.graph, self.group_of_node).items():
             by_key.setdefault(key, []).append(read)
         shared, paid_once = [], {}
         for (value_id, weight), reads in by_key.items():
             value = self.graph.values[value_id]
+            copies, masks = self.shared_copies(
+                self.value_array[value_id], self.menus[value.producer].out_lists[value.index],
+                tuple(self.menus[n].in_lists[i] for n, i in reads), weight)
+            if copies is None:
+                continue
             gu = self.group_of_node[value.producer]
-            srcs = self.spec_lists.items[self.menus[value.producer].out_lists[value.index]]
-            wanted = [self.spec_lists.items[self.menus[n].in_lists[i]] for n, i in reads]
-            readers_of: dict = {}
-            for r, dsts in enumerate(wanted):
-                for spec in dict.fromkeys(dsts):
-                    readers_of.setdefault(spec, []).append(r)
-            common = [spec for spec, readers in readers_of.items() if len(readers) > 1]
-            for r, (n, i) in enumerate(reads):
-                mask = np.array([spec in common for spec in wanted[r]])
+            readers = [self.group_of_node[n] for n, _ in reads]
+            shared += [SharedReshard(seconds, tuple((gu, readers[r], paid) for r, paid in paid_by))
+                       for seconds, paid_by in copies]
+            for read, mask in zip(reads, masks):
                 if mask.any():
-                    paid_once[(n, i)] = mask
-            for dst in common:
-                for src in dict.fromkeys(srcs):
-                    seconds = self.reshard(value_id, src, dst) * weight
-                    if src == dst or seconds == 0:
-                        continue
-                    from_src = np.array([spec == src for spec in srcs])
-                    shared.append(SharedReshard(seconds, tuple(
-                        (gu, self.group_of_node[reads[r][0]],
-                         from_src[:, None] & np.array([s == dst for s in wanted[r]])[None, :])
-                        for r in readers_of[dst])))
+                    paid_once[read] = (value_id, weight), mask
         return tuple(shared), paid_once
+
+    def shared_copies(self, array: int, srcs: int, dsts: tuple[int, ...], weight: float):
+        """For an array written in spec list ``srcs`` and read in the spec lists ``dsts``:
+        the copies readers may share, as (seconds, ((reader, paid[src, dst]), ...)), and
+        per reader the mask of its specs some other reader may want too; copies None when
+        there are more than ``MAX_SHARED_COPIES``. Cached: layers repeat them."""
+        key = (array, srcs, dsts, weight)
+        if key in self._shared_copies:
+            return self._shared_copies[key]
+        src_specs = self.spec_lists.items[srcs]
+        wanted = [self.spec_lists.items[d] for d in dsts]
+        readers_of: dict = {}
+        for r, specs_r in enumerate(wanted):
+            for spec in dict.fromkeys(specs_r):
+                readers_of.setdefault(spec, []).append(r)
+        common = {spec: readers for spec, readers in readers_of.items() if len(readers) > 1}
+        copies: list | None = []
+        for dst, readers in common.items():
+            # the sources a copy costs alike from share one entry: the producer writes one
+            # spec, so at most one of them is paid
+            by_seconds: dict[float, np.ndarray] = {}
+            for src in dict.fromkeys(src_specs):
+                seconds = weight * self.reshard_by_number(array, self.specs.number(src),
+                                                          self.specs.number(dst))
+                if seconds > 0:
+                    from_src = np.array([spec == src for spec in src_specs])
+                    by_seconds[seconds] = by_seconds.get(seconds, False) | from_src
+            if len(copies) + len(by_seconds) > MAX_SHARED_COPIES:
+                copies = None   # too many to solve for: each read pays its own
+                break
+            to_dst = {r: np.array([spec == dst for spec in wanted[r]]) for r in readers}
+            copies += [(seconds, tuple((r, from_src[:, None] & to_dst[r][None, :])
+                                       for r in readers))
+                       for seconds, from_src in by_seconds.items()]
+        masks = [np.array([spec in common for spec in specs_r]) for specs_r in wanted]
+        self._shared_copies[key] = copies, masks
+        return copies, masks
 
     def donation_ties(self) -> tuple["Tie", ...]:
         """A donated argument and the output written into its buffer keep one spec: the
@@ -888,7 +925,7 @@ def build_cost_graph(space: StrategySpace, donated: Sequence[tuple[int, int]] = 
     slice instead (CPU): memory then holds the full reduced result."""
     builder = _Builder(space, donated, native_reduce_scatter)
     builder.build_groups()
-    node_costs, edges, shared_reshards = builder.build_costs()
+    node_costs, edges, shared_reshards, sharing = builder.build_costs()
     terms, fixed, rows, edge_terms = builder.build_memory()
     for term in terms:
         node_costs[term.group] = node_costs[term.group] + TIEBREAK_SECONDS_PER_BYTE * term.num_bytes
@@ -898,4 +935,4 @@ def build_cost_graph(space: StrategySpace, donated: Sequence[tuple[int, int]] = 
                      edges=tuple(edges), memory_terms=terms, fixed_terms=fixed,
                      memory_rows=rows, shared_costs=builder.build_shared_costs(),
                      ties=builder.donation_ties(), edge_memory_terms=edge_terms,
-                     shared_reshards=shared_reshards)
+                     shared_reshards=shared_reshards, shared_reads=sharing)
