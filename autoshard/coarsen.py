@@ -6,13 +6,14 @@ Two reductions, both exact for what they keep:
   optimizer updates) are copies of one another: the same primitives, shapes and wiring.
   Groups are put in classes by colour refinement (Weisfeiler-Lehman) over the group
   graph, starting from what makes two groups interchangeable (their strategies, follower
-  picks and costs) and refining by their neighbours for a few rounds, so that a copy next
-  to something different (the first layer after the embedding, the last before the head)
-  keeps a class of its own. Copies that feed one another directly alternate between
-  ``PERIOD`` classes, so that neighbouring layers may still choose differently
-  (Megatron's column- and row-parallel pairs). Every class is solved as one group: its costs, the edges of all its members and
-  their memory terms are summed onto it, so that the reduced problem prices exactly every
-  plan in which the copies of a class choose alike, boundaries included.
+  picks and costs, an argument's role: its path without layer indices) and refining by
+  their neighbours for a few rounds, so that a copy next to something different (the
+  first layer after the embedding, the last before the head) keeps a class of its own.
+  Copies that feed one another directly alternate between ``PERIOD`` classes, so that
+  neighbouring layers may still choose differently (Megatron's column- and row-parallel
+  pairs). Every class is solved as one group: its costs, the edges of all its members
+  and their memory terms are summed onto it, so that the reduced problem prices exactly
+  every plan in which the copies of a class choose alike, boundaries included.
 - **Dominated strategies.** A strategy never cheaper (alone and against every neighbour)
   and never smaller than another of its group is never needed; it is excluded.
 

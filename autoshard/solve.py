@@ -98,7 +98,8 @@ class Result:
 
 class InfeasibleBudget(Exception):
     def __init__(self, smallest_bytes: float):
-        super().__init__(f"no choice fits the memory budget; smallest reached {smallest_bytes:.4g} B")
+        super().__init__(
+            f"no choice fits the memory budget; smallest reached {smallest_bytes:.4g} B")
         self.smallest_bytes = smallest_bytes
 
 
