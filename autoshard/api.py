@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import os
 import re
 import time
@@ -211,6 +213,20 @@ def donated_pairs(graph, donate_argnums: Sequence[int]) -> list[tuple[int, int]]
     return pairs
 
 
+@contextlib.contextmanager
+def collection_paused():
+    """Python's cyclic garbage collector paused: planning makes many long-lived objects
+    (the jaxpr, the graph, strategies, cost terms) and next to no cyclic garbage, so
+    collections while it runs would only walk those objects again and again."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
          memory_budget: float | None = None, pins: Mapping[str, Any] | None = None,
          donate_argnums: Sequence[int] = (), time_limit_s: float = 60.0,
@@ -249,7 +265,7 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
     mesh = as_auto_mesh(mesh)
     hw = hardware or H100
     budget = hw.memory if memory_budget is None else float(memory_budget)
-    with PlanProgress(progress) as show:
+    with PlanProgress(progress) as show, collection_paused():
         program = trace_program(fn, *args)
         fingerprint = program_fingerprint(program.closed_jaxpr, program.leaves)
         options = {"memory_budget": budget, "donate_argnums": list(donate_argnums),
