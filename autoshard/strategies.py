@@ -213,10 +213,20 @@ def prune(strategies: list[Strategy]) -> list[Strategy]:
     return kept[:MAX_STRATEGIES] if len(kept) > MAX_STRATEGIES else kept
 
 
+def folded_into_dots(graph: Graph, value) -> bool:
+    """A transpose read only by dots: XLA folds it into their dimension numbers (its
+    transpose-folding pass) and never writes it."""
+    users = graph.users[value.id]
+    return (graph.nodes[value.producer].primitive == "transpose" and bool(users)
+            and value.id not in graph.outputs
+            and all(graph.nodes[u].primitive == "dot_general" for u, _ in users))
+
+
 def materialized_values(graph: Graph, einsums) -> list[bool]:
     """Which values XLA keeps in memory: not those fused between elementwise ops.
 
-    Values crossing a loop or branch seam are in memory: the loop state, and the slices
+    Transposes read only by dots are not (``folded_into_dots``). Values crossing a loop
+    or branch seam are in memory: the loop state, and the slices
     a body reads from stacked xs or writes into stacked ys, every iteration. So are the
     results of expensive ops read by several nodes (XLA computes them once), and what a
     reduction does not fuse (``kept_from_reduction``)."""
@@ -226,6 +236,9 @@ def materialized_values(graph: Graph, einsums) -> list[bool]:
         return graph.nodes[node_id].kind == "boundary"
     flags = []
     for value in graph.values:
+        if folded_into_dots(graph, value):
+            flags.append(False)
+            continue
         producer = einsums[value.producer]
         if (producer is None or not producer.fusible or value.id in outputs
                 or seam(value.producer)):
