@@ -94,6 +94,7 @@ def build_request(cg: CostGraph, memory_budget, time_limit_s) -> Request:
                    memory_terms=[(t.group, t.num_bytes) for t in cg.memory_terms],
                    edge_memory_terms=[(t.src, t.dst, t.num_bytes) for t in cg.edge_memory_terms],
                    shared_edge_costs=[(s.seconds, s.members) for s in cg.shared_reshards],
+                   shared_memory_terms=cg.shared_copy_terms,
                    fixed_terms=cg.fixed_terms, memory_rows=cg.memory_rows,
                    memory_budget=memory_budget, time_limit_s=time_limit_s)
 

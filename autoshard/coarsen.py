@@ -196,9 +196,9 @@ def quotient(request: Request, class_of: np.ndarray) -> Request:
             ties.append((cu, cv, keys_u, keys_v))
     shared = [(seconds, tuple(sorted({(int(class_of[g]), s) for g, s in members})))
               for seconds, members in request.shared_costs]
-    shared_edges = _merged([(seconds, tuple((int(class_of[u]), int(class_of[v]), paid)
-                                            for u, v, paid in members))
-                            for seconds, members in request.shared_edge_costs])
+    shared_edges, entry_of = _merged([(seconds, tuple((int(class_of[u]), int(class_of[v]), paid)
+                                                      for u, v, paid in members))
+                                      for seconds, members in request.shared_edge_costs])
     return dataclasses.replace(
         request, node_costs=node_costs,
         edges=[(u, v, m) for (u, v), m in edges.items()],
@@ -207,20 +207,25 @@ def quotient(request: Request, class_of: np.ndarray) -> Request:
         edge_memory_terms=[(int(class_of[u]), int(class_of[v]), m)
                            for u, v, m in request.edge_memory_terms],
         allowed=[None if a is None else np.array(sorted(a), dtype=np.int64) for a in allowed],
-        shared_costs=shared, shared_edge_costs=shared_edges, ties=_unique_ties(ties))
+        shared_costs=shared, shared_edge_costs=shared_edges,
+        shared_memory_terms=[(entry_of[k], b) for k, b in request.shared_memory_terms],
+        ties=_unique_ties(ties))
 
 
 def _merged(shared_edges):
     """Entries paid under the same condition (copies of a layer's reshard, now on the
-    same classes) as one entry of their summed seconds."""
-    by_condition: dict[bytes, list] = {}
+    same classes) as one entry of their summed seconds; and each entry's new index."""
+    by_condition: dict[str, int] = {}
+    merged, entry_of = [], []
     for seconds, members in shared_edges:
         key = repr([(u, v, np.asarray(paid, bool).tobytes()) for u, v, paid in members])
         if key in by_condition:
-            by_condition[key][0] += seconds
+            merged[by_condition[key]][0] += seconds
         else:
-            by_condition[key] = [seconds, members]
-    return [(seconds, members) for seconds, members in by_condition.values()]
+            by_condition[key] = len(merged)
+            merged.append([seconds, members])
+        entry_of.append(by_condition[key])
+    return [(seconds, members) for seconds, members in merged], entry_of
 
 
 def _unique_ties(ties):
@@ -269,6 +274,14 @@ def strategy_features(request: Request) -> list[np.ndarray]:
             else:
                 add(u, paid)
                 add(v, paid.T)
+    for k, num_bytes in request.shared_memory_terms:   # held if its copy is made
+        for u, v, paid in request.shared_edge_costs[k][1]:
+            held = np.asarray(paid, float) * float(num_bytes)
+            if u == v:
+                add(u, np.diag(held)[:, None])
+            else:
+                add(u, held)
+                add(v, held.T)
     for u, v, keys_u, keys_v in request.ties:
         add(u, np.stack([keys_u, -keys_u], axis=1))
         add(v, np.stack([keys_v, -keys_v], axis=1))

@@ -186,6 +186,8 @@ class CostGraph:
     shared_reshards: tuple[SharedReshard, ...] = ()   # copies several readers share
     # the reads (node, operand) whose copies those are -> the key of their value
     shared_reads: Mapping[tuple[int, int], tuple] = dataclasses.field(default_factory=dict)
+    # (shared reshard, bytes): its copy, held if it is made; rows index these last
+    shared_copy_terms: tuple[tuple[int, float], ...] = ()
 
     @property
     def num_groups(self) -> int:
@@ -317,6 +319,8 @@ class _Builder:
         self._reductions: dict = {}
         self._combines: dict = {}
         self._shared_copies: dict = {}
+        self.paid_once: dict = {}             # shared reads -> (value key, specs shared)
+        self.shared_copies_held: list = []    # (shared reshard, value, readers, bytes)
 
     # Prices are cached by shape and specs, not by value: a repeated layer's values share
     # them. Arrays (shape and dtype), specs and lists of specs are numbered, so that the
@@ -486,7 +490,8 @@ class _Builder:
         for node in self.graph.nodes:
             node_costs[self.group_of_node[node.id]] += self.menus[node.id].seconds
         edges: dict[tuple[int, int], np.ndarray] = {}
-        shared, paid_once = self.build_shared_reshards()
+        shared, self.paid_once, self.shared_copies_held = self.build_shared_reshards()
+        paid_once = self.paid_once
         for node in self.graph.nodes:
             gv = self.group_of_node[node.id]
             for i, value_id in enumerate(node.operands):
@@ -509,15 +514,16 @@ class _Builder:
         return (node_costs, [Edge(u, v, m) for (u, v), m in edges.items()], shared,
                 {read: key for read, (key, _) in paid_once.items()})
 
-    def build_shared_reshards(self) -> tuple[tuple[SharedReshard, ...], dict]:
+    def build_shared_reshards(self) -> tuple[tuple[SharedReshard, ...], dict, list]:
         """A ``SharedReshard`` per value, spec it is written in (those a copy costs alike
         from, together) and spec that two or more of its readers (``shared_reads``) may
-        want; and per such read, its value's key and a mask over its reader's strategies
-        of the specs it no longer pays for on its own edge."""
+        want; per such read, its value's key and a mask over its reader's strategies of
+        the specs it no longer pays for (or holds) on its own; and per shared reshard,
+        (its index, the value, the readers that may share it, the copy's bytes)."""
         by_key: dict[tuple, list] = {}
         for read, key in shared_reads(self.graph, self.group_of_node).items():
             by_key.setdefault(key, []).append(read)
-        shared, paid_once = [], {}
+        shared, paid_once, held = [], {}, []
         for (value_id, weight), reads in by_key.items():
             value = self.graph.values[value_id]
             copies, masks = self.shared_copies(
@@ -527,18 +533,21 @@ class _Builder:
                 continue
             gu = self.group_of_node[value.producer]
             readers = [self.group_of_node[n] for n, _ in reads]
-            shared += [SharedReshard(seconds, tuple((gu, readers[r], paid) for r, paid in paid_by))
-                       for seconds, paid_by in copies]
+            for seconds, paid_by, num_bytes in copies:
+                held.append((len(shared), value_id,
+                             tuple(reads[r][0] for r, _ in paid_by), num_bytes))
+                shared.append(SharedReshard(seconds, tuple((gu, readers[r], paid)
+                                                           for r, paid in paid_by)))
             for read, mask in zip(reads, masks):
                 if mask.any():
                     paid_once[read] = (value_id, weight), mask
-        return tuple(shared), paid_once
+        return tuple(shared), paid_once, held
 
     def shared_copies(self, array: int, srcs: int, dsts: tuple[int, ...], weight: float):
         """For an array written in spec list ``srcs`` and read in the spec lists ``dsts``:
-        the copies readers may share, as (seconds, ((reader, paid[src, dst]), ...)), and
-        per reader the mask of its specs some other reader may want too; copies None when
-        there are more than ``MAX_SHARED_COPIES``. Cached: layers repeat them."""
+        the copies readers may share, as (seconds, ((reader, paid[src, dst]), ...), the
+        copy's bytes per device), and per reader the mask of its specs some other reader
+        may want too; copies None past ``MAX_SHARED_COPIES``. Cached: layers repeat them."""
         key = (array, srcs, dsts, weight)
         if key in self._shared_copies:
             return self._shared_copies[key]
@@ -564,8 +573,10 @@ class _Builder:
                 copies = None   # too many to solve for: each read pays its own
                 break
             to_dst = {r: np.array([spec == dst for spec in wanted[r]]) for r in readers}
+            shape, dtype = self.arrays.items[array]
+            held = specs.per_device_bytes(shape, dtype, dst, self.axis_sizes)
             copies += [(seconds, tuple((r, from_src[:, None] & to_dst[r][None, :])
-                                       for r in readers))
+                                       for r in readers), held)
                        for seconds, from_src in by_seconds.items()]
         masks = [np.array([spec in common for spec in specs_r]) for specs_r in wanted]
         self._shared_copies[key] = copies, masks
@@ -764,6 +775,10 @@ class _Builder:
                 if copy is None:
                     continue
                 gv = self.group_of_node[user]
+                if (user, i) in self.paid_once:   # specs whose copy the readers share
+                    copy = (np.where(self.paid_once[(user, i)][1][None, :], 0.0, copy[0]),)
+                    if not copy[0].any():
+                        continue
                 term = MemoryTerm(gu, copy[1]) if gu == gv else EdgeMemoryTerm(gu, gv, copy[0])
                 held = (value.id, user) not in copied or from_args[value.id]
                 yield term, starts[user] if held else user, user
@@ -902,14 +917,25 @@ class _Builder:
         copies = list(self.reshard_buffers(from_args, copied))
         spans += [c for c in copies if isinstance(c[0], MemoryTerm)]
         edge_spans = [c for c in copies if isinstance(c[0], EdgeMemoryTerm)]
+        shared_spans = list(self.shared_copy_spans(from_args))
         terms += [t for t, _, _ in spans]
-        # edge terms are numbered after every group term; a row per point where some
-        # term dies, holding everything live there (peaks are just before deaths)
-        index = list(range(len(terms) - len(spans), len(terms) + len(edge_spans)))
-        starts = [first for _, first, _ in spans + edge_spans]
-        ends = [last for _, _, last in spans + edge_spans]
+        # edge terms are numbered after every group term, shared copies after them; a row
+        # per point where some term dies, holding everything live there (peaks are just
+        # before deaths)
+        index = list(range(len(terms) - len(spans),
+                           len(terms) + len(edge_spans) + len(shared_spans)))
+        starts = [first for _, first, _ in spans + edge_spans + shared_spans]
+        ends = [last for _, _, last in spans + edge_spans + shared_spans]
         rows = LiveRows(index, starts, ends, sorted(set(ends)))
-        return tuple(terms), tuple(fixed), rows, tuple(t for t, _, _ in edge_spans)
+        return (tuple(terms), tuple(fixed), rows, tuple(t for t, _, _ in edge_spans),
+                tuple(t for t, _, _ in shared_spans))
+
+    def shared_copy_spans(self, from_args: Sequence[bool]):
+        """((shared reshard, bytes), first node, last node) of every copy readers share:
+        held from the first of them that may make it (see ``copy_starts``) to the last."""
+        for k, value_id, readers, num_bytes in self.shared_copies_held:
+            starts = self.copy_starts(value_id, from_args)
+            yield (k, num_bytes), min(starts[r] for r in readers), max(readers)
 
 
 # Between plans of equal time, prefer the one that keeps fewer bytes per device.
@@ -926,7 +952,7 @@ def build_cost_graph(space: StrategySpace, donated: Sequence[tuple[int, int]] = 
     builder = _Builder(space, donated, native_reduce_scatter)
     builder.build_groups()
     node_costs, edges, shared_reshards, sharing = builder.build_costs()
-    terms, fixed, rows, edge_terms = builder.build_memory()
+    terms, fixed, rows, edge_terms, shared_terms = builder.build_memory()
     for term in terms:
         node_costs[term.group] = node_costs[term.group] + TIEBREAK_SECONDS_PER_BYTE * term.num_bytes
     return CostGraph(space=space, group_of_node=tuple(builder.group_of_node),
@@ -935,4 +961,5 @@ def build_cost_graph(space: StrategySpace, donated: Sequence[tuple[int, int]] = 
                      edges=tuple(edges), memory_terms=terms, fixed_terms=fixed,
                      memory_rows=rows, shared_costs=builder.build_shared_costs(),
                      ties=builder.donation_ties(), edge_memory_terms=edge_terms,
-                     shared_reshards=shared_reshards, shared_reads=sharing)
+                     shared_reshards=shared_reshards, shared_reads=sharing,
+                     shared_copy_terms=shared_terms)

@@ -84,6 +84,9 @@ class Request:
     # is marked, as one resharded copy of a value that several readers want in one spec.
     # u == v means one group: paid[s, s].
     shared_edge_costs: Sequence[tuple[float, Sequence[tuple[int, int, np.ndarray]]]] = ()
+    # (shared edge cost k, bytes): the copy held if k is paid. Rows index them after the
+    # edge memory terms.
+    shared_memory_terms: Sequence[tuple[int, float]] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,9 +122,13 @@ def shared_seconds(request: Request, choice) -> float:
 
 
 def term_values(request: Request, choice) -> np.ndarray:
-    """Bytes of every memory term under ``choice``: group terms, then edge terms."""
+    """Bytes of every memory term under ``choice``: group terms, edge terms, then shared
+    copies."""
+    paid = [any(m[choice[u], choice[v]] for u, v, m in members)
+            for _, members in request.shared_edge_costs]
     return np.array([float(b[choice[g]]) for g, b in request.memory_terms]
-                    + [float(m[choice[u], choice[v]]) for u, v, m in request.edge_memory_terms])
+                    + [float(m[choice[u], choice[v]]) for u, v, m in request.edge_memory_terms]
+                    + [float(b) if paid[k] else 0.0 for k, b in request.shared_memory_terms])
 
 
 def row_bytes(request: Request, choice) -> np.ndarray:
@@ -135,7 +142,7 @@ def row_bytes(request: Request, choice) -> np.ndarray:
 
 
 def peak_memory(request: Request, choice) -> float:
-    if not request.memory_terms and not request.edge_memory_terms:
+    if not num_terms(request):
         return 0.0
     return float(row_bytes(request, choice).max())
 
@@ -304,7 +311,7 @@ class _Ilp:
                 if u == v:
                     marked = np.flatnonzero(np.diag(paid)) + self.offsets[u]
                     shared_rows.append((k, marked.tolist()))
-        first_y = next_var
+        first_y = self.first_shared_y = next_var
         for k, marked in shared_rows:   # y_k >= sum of the member's marked products
             rows.append(row); cols.append(first_y + k); vals.append(1.0)
             for var in marked:
@@ -334,12 +341,16 @@ class _Ilp:
     def memory_coefficients(self, weights: np.ndarray) -> np.ndarray:
         """Per variable, the sum over memory terms of weight x bytes: a term's bytes sit on
         its group's x, or on its pair's product e (edge terms), or on the diagonal of its
-        one group's x."""
+        one group's x, or on a shared copy's y."""
         coeff = np.zeros(self.num_vars)
         num_group_terms = len(self.request.memory_terms)
+        num_pair_terms = num_group_terms + len(self.request.edge_memory_terms)
         for t in np.flatnonzero(weights):
             w = float(weights[t])
-            if t < num_group_terms:
+            if t >= num_pair_terms:   # a shared copy: on its y
+                k, num_bytes = self.request.shared_memory_terms[t - num_pair_terms]
+                coeff[self.first_shared_y + k] += w * float(num_bytes)
+            elif t < num_group_terms:
                 g, b = self.request.memory_terms[t]
                 coeff[self.offsets[g]: self.offsets[g + 1]] += w * np.asarray(b, float)
             elif t - num_group_terms in self.edge_memory:
@@ -390,7 +401,8 @@ class _Ilp:
 
 
 def num_terms(request: Request) -> int:
-    return len(request.memory_terms) + len(request.edge_memory_terms)
+    return (len(request.memory_terms) + len(request.edge_memory_terms)
+            + len(request.shared_memory_terms))
 
 
 def term_prices(request: Request, row_prices: np.ndarray) -> np.ndarray:

@@ -223,12 +223,15 @@ def test_reuse_lets_neighbouring_layers_alternate(mesh_1d):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_coarsening_keeps_copies_paid_once(seed):
-    # a copy several readers share, on pairs falling in two classes and in one class
+    # a copy several readers share, on pairs falling in two classes and in one class,
+    # and the memory it holds
     rng = np.random.default_rng(seed)
     base = random_request(rng, groups=6, strategies=3, edges=6)
     shared = [(1.5, [(0, 1, rng.random((3, 3)) < 0.5), (0, 3, rng.random((3, 3)) < 0.5)]),
               (0.7, [(4, 5, rng.random((3, 3)) < 0.5)])]
-    request = dataclasses.replace(base, shared_edge_costs=shared)
+    # the first copy holds 4 B while made, counted at every point (a fixed term)
+    request = dataclasses.replace(base, shared_edge_costs=shared,
+                                  shared_memory_terms=[(0, 4.0)], fixed_terms=[0, 6])
     class_of = np.array([0, 1, 0, 1, 2, 2])
     reduced = coarsen.quotient(request, class_of)
     for choice in itertools.product(range(3), repeat=3):

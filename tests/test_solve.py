@@ -213,3 +213,21 @@ def test_shared_edge_costs_match_brute_force(seed):
     result = solve(request)
     assert result.objective == pytest.approx(brute_force(request))
     assert result.objective == pytest.approx(evaluate(request, result.choice)[0])
+
+
+def test_a_shared_copy_is_held_once_and_only_when_made():
+    # the copy of test_a_copy_two_readers_want_is_paid_once at 3 s, now 8 B per device:
+    # made (both readers take B), it is held once: 8 B. A budget of 6 B rules it out,
+    # and the readers keep A (6 s).
+    reshard = np.array([[1.0, 0.0], [0.0, 0.0]])
+    request = Request(node_costs=[np.array([0.0, 10.0]), np.array([1.0, 3.0]),
+                                  np.array([1.0, 3.0])], edges=[],
+                      shared_edge_costs=[(3.0, [(0, 1, reshard), (0, 2, reshard)])],
+                      memory_terms=[(0, np.array([0.0, 0.0]))], fixed_terms=[0],
+                      shared_memory_terms=[(0, 8.0)], memory_rows=[(1,)])
+    assert evaluate(request, [0, 0, 0]) == (5.0, 8.0)
+    assert evaluate(request, [0, 1, 1]) == (6.0, 0.0)
+    assert list(solve(request).choice) == [0, 0, 0]
+    budgeted = Request(**{**request.__dict__, "memory_budget": 6.0})
+    result = solve(budgeted)
+    assert list(result.choice) == [0, 1, 1] and result.status == "optimal"
