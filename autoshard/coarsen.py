@@ -249,17 +249,18 @@ def strategy_features(request: Request) -> list[np.ndarray]:
         feats[g].setdefault(columns.tobytes(), columns)
     for g, c in enumerate(request.node_costs):
         add(g, np.asarray(c, float)[:, None])
-    for u, v, m in request.edges:
-        add(u, m)
-        add(v, m.T)
-    for g, b in request.memory_terms:
-        add(g, np.asarray(b, float)[:, None])
-    for u, v, m in request.edge_memory_terms:
+    def add_pair(u, v, m):   # a term over two groups' strategies (one group: its diagonal)
         if u == v:
             add(u, np.diag(m)[:, None])
         else:
             add(u, m)
             add(v, m.T)
+    for u, v, m in request.edges:
+        add_pair(u, v, m)
+    for g, b in request.memory_terms:
+        add(g, np.asarray(b, float)[:, None])
+    for u, v, m in request.edge_memory_terms:
+        add_pair(u, v, m)
     for seconds, members in request.shared_costs:
         by_group: dict[int, np.ndarray] = {}
         for g, s in members:
@@ -268,20 +269,10 @@ def strategy_features(request: Request) -> list[np.ndarray]:
             add(g, paid[:, None])
     for seconds, members in request.shared_edge_costs:   # paid if any member is marked
         for u, v, paid in members:
-            paid = np.asarray(paid, float) * seconds
-            if u == v:
-                add(u, np.diag(paid)[:, None])
-            else:
-                add(u, paid)
-                add(v, paid.T)
+            add_pair(u, v, np.asarray(paid, float) * seconds)
     for k, num_bytes in request.shared_memory_terms:   # held if its copy is made
         for u, v, paid in request.shared_edge_costs[k][1]:
-            held = np.asarray(paid, float) * float(num_bytes)
-            if u == v:
-                add(u, np.diag(held)[:, None])
-            else:
-                add(u, held)
-                add(v, held.T)
+            add_pair(u, v, np.asarray(paid, float) * float(num_bytes))
     for u, v, keys_u, keys_v in request.ties:
         add(u, np.stack([keys_u, -keys_u], axis=1))
         add(v, np.stack([keys_v, -keys_v], axis=1))

@@ -117,15 +117,21 @@ def evaluate(request: Request, choice: Sequence[int]) -> tuple[float, float]:
 def shared_seconds(request: Request, choice) -> float:
     once = sum(seconds for seconds, members in request.shared_costs
                if any(choice[g] == s for g, s in members))
-    return once + sum(seconds for seconds, members in request.shared_edge_costs
-                      if any(paid[choice[u], choice[v]] for u, v, paid in members))
+    return once + sum(seconds for (seconds, _), paid in
+                      zip(request.shared_edge_costs, shared_edges_paid(request, choice))
+                      if paid)
+
+
+def shared_edges_paid(request: Request, choice) -> list[bool]:
+    """Per shared edge cost: whether ``choice`` marks any of its members."""
+    return [any(paid[choice[u], choice[v]] for u, v, paid in members)
+            for _, members in request.shared_edge_costs]
 
 
 def term_values(request: Request, choice) -> np.ndarray:
     """Bytes of every memory term under ``choice``: group terms, edge terms, then shared
     copies."""
-    paid = [any(m[choice[u], choice[v]] for u, v, m in members)
-            for _, members in request.shared_edge_costs]
+    paid = shared_edges_paid(request, choice)
     return np.array([float(b[choice[g]]) for g, b in request.memory_terms]
                     + [float(m[choice[u], choice[v]]) for u, v, m in request.edge_memory_terms]
                     + [float(b) if paid[k] else 0.0 for k, b in request.shared_memory_terms])

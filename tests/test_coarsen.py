@@ -20,6 +20,7 @@ from autoshard import cache as plan_cache
 from autoshard import coarsen, models, progress
 from autoshard.solve import LiveRows, Request, evaluate, solve
 from autoshard.testing import programs
+from autoshard.testing.requests import brute_force
 
 # Slow devices and cheap links: even tiny layers gain from being split, so every layer
 # has a real choice to make.
@@ -41,15 +42,16 @@ def random_request(rng, groups=6, strategies=3, edges=8, budget=None) -> Request
                    memory_budget=budget)
 
 
-def brute_force(request: Request) -> float:
-    best = np.inf
-    for choice in itertools.product(*[range(len(c)) for c in request.node_costs]):
-        allowed = all(g >= len(request.allowed) or request.allowed[g] is None
-                      or s in request.allowed[g] for g, s in enumerate(choice))
-        seconds, peak = evaluate(request, choice)
-        if allowed and (request.memory_budget is None or peak <= request.memory_budget):
-            best = min(best, seconds)
-    return best
+CLASS_OF = np.array([0, 1, 0, 1, 2, 2])   # groups 0 and 2 choose alike, and so on
+
+
+def assert_quotient_exact(request: Request, class_of: np.ndarray = CLASS_OF) -> None:
+    """The reduced request prices (and weighs) every class-consistent choice as the full
+    one does."""
+    reduced = coarsen.quotient(request, class_of)
+    for choice in itertools.product(range(3), repeat=int(class_of.max()) + 1):
+        full = np.asarray(choice)[class_of]
+        np.testing.assert_allclose(evaluate(reduced, choice), evaluate(request, full))
 
 
 def test_live_rows_sum_what_they_hold():
@@ -63,12 +65,7 @@ def test_live_rows_sum_what_they_hold():
 @pytest.mark.parametrize("seed", range(5))
 def test_quotient_prices_every_class_consistent_choice_exactly(seed):
     rng = np.random.default_rng(seed)
-    request = random_request(rng)
-    class_of = np.array([0, 1, 0, 1, 2, 2])   # groups 0 and 2 choose alike, and so on
-    reduced = coarsen.quotient(request, class_of)
-    for choice in itertools.product(range(3), repeat=3):
-        full = np.asarray(choice)[class_of]
-        np.testing.assert_allclose(evaluate(reduced, choice), evaluate(request, full))
+    assert_quotient_exact(random_request(rng))
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -107,11 +104,7 @@ def test_coarsening_keeps_memory_that_depends_on_two_groups(seed):
     request = Request(node_costs=base.node_costs, edges=base.edges,
                       memory_terms=base.memory_terms, fixed_terms=[0], memory_rows=rows,
                       edge_memory_terms=copies, memory_budget=25.0)
-    class_of = np.array([0, 1, 0, 1, 2, 2])
-    reduced = coarsen.quotient(request, class_of)
-    for choice in itertools.product(range(3), repeat=3):
-        full = np.asarray(choice)[class_of]
-        np.testing.assert_allclose(evaluate(reduced, choice), evaluate(request, full))
+    assert_quotient_exact(request)
     best = brute_force(request)
     assert np.isfinite(best) and brute_force(coarsen.drop_dominated(request)) == pytest.approx(best)
     assert solve(request).objective == pytest.approx(best)
@@ -232,11 +225,7 @@ def test_coarsening_keeps_copies_paid_once(seed):
     # the first copy holds 4 B while made, counted at every point (a fixed term)
     request = dataclasses.replace(base, shared_edge_costs=shared,
                                   shared_memory_terms=[(0, 4.0)], fixed_terms=[0, 6])
-    class_of = np.array([0, 1, 0, 1, 2, 2])
-    reduced = coarsen.quotient(request, class_of)
-    for choice in itertools.product(range(3), repeat=3):
-        full = np.asarray(choice)[class_of]
-        np.testing.assert_allclose(evaluate(reduced, choice), evaluate(request, full))
+    assert_quotient_exact(request)
     best = brute_force(request)
     assert brute_force(coarsen.drop_dominated(request)) == pytest.approx(best)
     assert solve(request).objective == pytest.approx(best)

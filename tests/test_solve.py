@@ -8,6 +8,7 @@ import pytest
 from autoshard import solve as solve_module
 from autoshard.solve import (InfeasibleBudget, LiveRows, Request, evaluate, greedy,
                              peak_memory, solve)
+from autoshard.testing.requests import brute_force
 
 
 def test_edge_cost_pulls_neighbours_together():
@@ -150,13 +151,6 @@ def budgeted_request(seed: int, groups: int = 6, strategies: int = 3) -> Request
              for c in itertools.product(range(strategies), repeat=groups)]
     free = peak_memory(request, solve(request).choice)
     return Request(**{**request.__dict__, "memory_budget": (min(peaks) + free) / 2})
-
-
-def brute_force(request: Request) -> float:
-    return min(seconds for seconds, peak in
-               (evaluate(request, c) for c in
-                itertools.product(*[range(len(c)) for c in request.node_costs]))
-               if peak <= request.memory_budget)
 
 
 @pytest.mark.parametrize("seed", range(6))
