@@ -156,6 +156,21 @@ def test_expert_layout_as_pins_keeps_numerics_with_donation(mesh_2d):
     assert_matches(case, plan.jit()(*args), want)
 
 
+def test_priced_budget_plan_matches_one_device(mesh_1d, monkeypatch):
+    """Under a budget the unconstrained plan exceeds, with branch and bound off: the plan
+    found by pricing memory fits as predicted and computes what one device computes."""
+    monkeypatch.setattr(autoshard.solve, "EXACT_MAX_VARIABLES", 0)
+    case = case_of("gpt", "tiny")
+    free = plan_of("gpt", "tiny", mesh_1d)
+    budget = 0.6 * free.cost.memory_bytes
+    plan = autoshard.plan(case.train_step, *case.args, mesh=mesh_1d, memory_budget=budget,
+                          cache=False)
+    assert plan.solver["status"] in ("priced", "optimal")
+    assert plan.cost.memory_bytes <= budget
+    assert plan.solver["lower_bound_s"] <= plan.cost.total_s * (1 + 1e-6)
+    assert_matches(case, plan.jit()(*case.args), reference("gpt", "tiny"))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", models.names())
 def test_large_sizes_plan_within_80gb(name, mesh_2d):
