@@ -302,27 +302,35 @@ def solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s,
     show.stage(f"enumerating strategies for {len(graph.nodes)} nodes")
     pinned = resolve_pins(pins, graph, sizes)
     space = build_strategies(graph, sizes, hw, pinned, combined_collectives(mesh))
-    show.stage(f"pricing {space.num_strategies()} strategies")
-    cg = build_cost_graph(space, donated_pairs(graph, tuple(donate_argnums)),
-                          native_reduce_scatter(mesh))
-    request = build_request(cg, budget, time_limit_s)
-    costed = time.perf_counter()
-    show.stage(f"coarsening {cg.num_groups} groups")
-    coarse = coarsen(cg, request, reuse=reuse)
-    coarsened = time.perf_counter()
-    show.stage(f"solving {coarse.num_classes} groups "
-               f"({sum(len(c) for c in coarse.request.node_costs)} strategies)")
-    try:
-        result = solve(coarse.request)
-    except InfeasibleBudget as e:
-        if e.smallest_bytes <= budget:   # memory is not what rules every plan out
+    donated = donated_pairs(graph, tuple(donate_argnums))
+    # copies several readers share are first held once per reader, a smaller problem
+    # whose memory is an upper bound; held once each only when the budget binds
+    for share in (False, True):
+        show.stage(f"pricing {space.num_strategies()} strategies")
+        cg = build_cost_graph(space, donated, native_reduce_scatter(mesh), share)
+        request = build_request(cg, budget, time_limit_s)
+        costed = time.perf_counter()
+        show.stage(f"coarsening {cg.num_groups} groups")
+        coarse = coarsen(cg, request, reuse=reuse)
+        coarsened = time.perf_counter()
+        show.stage(f"solving {coarse.num_classes} groups "
+                   f"({sum(len(c) for c in coarse.request.node_costs)} strategies)")
+        try:
+            result = solve(coarse.request)
+        except InfeasibleBudget as e:
+            result = e
+        if not cg.held_per_read or not (isinstance(result, InfeasibleBudget)
+                                        or result.budget_binds):
+            break
+    if isinstance(result, InfeasibleBudget):
+        if result.smallest_bytes <= budget:   # memory is not what rules every plan out
             raise PinError(
                 "no plan keeps every pin and gives each donated argument its output's spec; "
                 "unpin the donated arguments or leave them undonated") from None
         raise MemoryBudgetError(
             f"no plan fits the memory budget of {budget:.4g} bytes per device on mesh {sizes}; "
-            f"the smallest the planner reached is {e.smallest_bytes:.4g} bytes",
-            budget, e.smallest_bytes) from None
+            f"the smallest the planner reached is {result.smallest_bytes:.4g} bytes",
+            budget, result.smallest_bytes) from None
     solved = time.perf_counter()
     show.stage("writing the plan")
     choice = coarse.expand(result.choice)

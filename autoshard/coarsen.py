@@ -194,8 +194,10 @@ def quotient(request: Request, class_of: np.ndarray) -> Request:
             allowed[cu] = same if allowed[cu] is None else allowed[cu] & same
         else:
             ties.append((cu, cv, keys_u, keys_v))
-    shared = [(seconds, tuple(sorted({(int(class_of[g]), s) for g, s in members})))
-              for seconds, members in request.shared_costs]
+    shared: dict[tuple, float] = {}   # copies of a layer's latency: one entry, summed
+    for seconds, members in request.shared_costs:
+        key = tuple(sorted({(int(class_of[g]), s) for g, s in members}))
+        shared[key] = shared.get(key, 0.0) + seconds
     shared_edges, entry_of = _merged([(seconds, tuple((int(class_of[u]), int(class_of[v]), paid)
                                                       for u, v, paid in members))
                                       for seconds, members in request.shared_edge_costs])
@@ -207,7 +209,8 @@ def quotient(request: Request, class_of: np.ndarray) -> Request:
         edge_memory_terms=[(int(class_of[u]), int(class_of[v]), m)
                            for u, v, m in request.edge_memory_terms],
         allowed=[None if a is None else np.array(sorted(a), dtype=np.int64) for a in allowed],
-        shared_costs=shared, shared_edge_costs=shared_edges,
+        shared_costs=[(seconds, members) for members, seconds in shared.items()],
+        shared_edge_costs=shared_edges,
         shared_memory_terms=[(entry_of[k], b) for k, b in request.shared_memory_terms],
         ties=_unique_ties(ties))
 

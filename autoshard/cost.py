@@ -15,6 +15,7 @@ an ``EdgeMemoryTerm`` over the pair.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Mapping, Sequence
 
@@ -26,7 +27,7 @@ from autoshard.hardware import Hardware
 from autoshard.solve import LiveRows
 from autoshard.specs import Spec
 from autoshard.strategies import (Collective, StrategySpace, expensive, loop_scope,
-                                  spreads)
+                                  reduction_waves, spreads)
 
 
 # -- resharding -----------------------------------------------------------------------------
@@ -140,13 +141,14 @@ class EdgeMemoryTerm:
 class SharedCost:
     """Seconds paid once if any member (group, group strategy) is chosen: the latency of
     one combined collective standing for all the like collectives it merges."""
-    key: tuple                              # (kind, mesh axes, loop scope)
+    key: tuple                              # (kind, mesh axes, (loop scope, wave))
     seconds: float
     members: tuple[tuple[int, int], ...]
 
 
 # Past this many shared copies of one value (its sources times the specs its readers may
-# share), the solver would slow down more than the sharing is worth: each read pays.
+# share), the solver would slow down more than the sharing is worth: each read pays its
+# seconds, and one copy per wanted spec holds the bytes.
 MAX_SHARED_COPIES = 16
 
 
@@ -188,6 +190,9 @@ class CostGraph:
     shared_reads: Mapping[tuple[int, int], tuple] = dataclasses.field(default_factory=dict)
     # (shared reshard, bytes): its copy, held if it is made; rows index these last
     shared_copy_terms: tuple[tuple[int, float], ...] = ()
+    # some copies several readers share are counted once per reader: memory is an upper
+    # bound (built without ``share_held_copies``)
+    held_per_read: bool = False
 
     @property
     def num_groups(self) -> int:
@@ -288,9 +293,11 @@ class Interner:
 
 class _Builder:
     def __init__(self, space: StrategySpace, donated: Sequence[tuple[int, int]],
-                 native_reduce_scatter: bool = True):
+                 native_reduce_scatter: bool = True, share_held_copies: bool = True):
         self.space = space
         self.native_reduce_scatter = native_reduce_scatter
+        self.share_held_copies = share_held_copies
+        self.held_per_read = False   # some copies readers share are held once per read
         self.graph = space.graph
         self.hw = space.hardware
         self.axis_sizes = space.axis_sizes
@@ -512,42 +519,46 @@ class _Builder:
                 else:
                     edges[(gu, gv)] = edges.get((gu, gv), 0) + matrix
         return (node_costs, [Edge(u, v, m) for (u, v), m in edges.items()], shared,
-                {read: key for read, (key, _) in paid_once.items()})
+                {read: key for read, (key, _, _) in paid_once.items()})
 
     def build_shared_reshards(self) -> tuple[tuple[SharedReshard, ...], dict, list]:
         """A ``SharedReshard`` per value, spec it is written in (those a copy costs alike
         from, together) and spec that two or more of its readers (``shared_reads``) may
-        want; per such read, its value's key and a mask over its reader's strategies of
-        the specs it no longer pays for (or holds) on its own; and per shared reshard,
-        (its index, the value, the readers that may share it, the copy's bytes)."""
+        want; per such read, its value's key and masks over its reader's strategies of
+        the specs it no longer pays for, and no longer holds, on its own; and per shared
+        reshard, (its index, the value, the readers that may share it, the copy's bytes)."""
         by_key: dict[tuple, list] = {}
         for read, key in shared_reads(self.graph, self.group_of_node).items():
             by_key.setdefault(key, []).append(read)
         shared, paid_once, held = [], {}, []
         for (value_id, weight), reads in by_key.items():
             value = self.graph.values[value_id]
-            copies, masks = self.shared_copies(
+            copies, paid, holds = self.shared_copies(
                 self.value_array[value_id], self.menus[value.producer].out_lists[value.index],
                 tuple(self.menus[n].in_lists[i] for n, i in reads), weight)
-            if copies is None:
-                continue
             gu = self.group_of_node[value.producer]
             readers = [self.group_of_node[n] for n, _ in reads]
             for seconds, paid_by, num_bytes in copies:
                 held.append((len(shared), value_id,
                              tuple(reads[r][0] for r, _ in paid_by), num_bytes))
-                shared.append(SharedReshard(seconds, tuple((gu, readers[r], paid)
-                                                           for r, paid in paid_by)))
-            for read, mask in zip(reads, masks):
-                if mask.any():
-                    paid_once[read] = (value_id, weight), mask
+                shared.append(SharedReshard(seconds, tuple((gu, readers[r], marked)
+                                                           for r, marked in paid_by)))
+            for read, paid_mask, held_mask in zip(reads, paid, holds):
+                if held_mask.any():
+                    paid_once[read] = (value_id, weight), paid_mask, held_mask
         return tuple(shared), paid_once, held
 
     def shared_copies(self, array: int, srcs: int, dsts: tuple[int, ...], weight: float):
         """For an array written in spec list ``srcs`` and read in the spec lists ``dsts``:
         the copies readers may share, as (seconds, ((reader, paid[src, dst]), ...), the
-        copy's bytes per device), and per reader the mask of its specs some other reader
-        may want too; copies None past ``MAX_SHARED_COPIES``. Cached: layers repeat them."""
+        copy's bytes per device), and per reader the masks of its specs some other reader
+        may want too, whose seconds and whose bytes the shared copies take over.
+
+        Past ``MAX_SHARED_COPIES`` (sources with distinct prices times wanted specs), each
+        read pays its own seconds, and the copies price bytes alone, one per wanted spec;
+        or, without ``share_held_copies``, each read holds its own copy too (fewer copies
+        to solve for, and never fewer bytes than the plan holds). Cached: layers repeat
+        them."""
         key = (array, srcs, dsts, weight)
         if key in self._shared_copies:
             return self._shared_copies[key]
@@ -558,7 +569,8 @@ class _Builder:
             for spec in dict.fromkeys(specs_r):
                 readers_of.setdefault(spec, []).append(r)
         common = {spec: readers for spec, readers in readers_of.items() if len(readers) > 1}
-        copies: list | None = []
+        shape, dtype = self.arrays.items[array]
+        timed, held_only, over = [], [], False
         for dst, readers in common.items():
             # the sources a copy costs alike from share one entry: the producer writes one
             # spec, so at most one of them is paid
@@ -569,18 +581,29 @@ class _Builder:
                 if seconds > 0:
                     from_src = np.array([spec == src for spec in src_specs])
                     by_seconds[seconds] = by_seconds.get(seconds, False) | from_src
-            if len(copies) + len(by_seconds) > MAX_SHARED_COPIES:
-                copies = None   # too many to solve for: each read pays its own
-                break
+            over = over or len(timed) + len(by_seconds) > MAX_SHARED_COPIES
+            if over and not self.share_held_copies:
+                break   # each read pays its seconds and holds its copy: never fewer bytes
             to_dst = {r: np.array([spec == dst for spec in wanted[r]]) for r in readers}
-            shape, dtype = self.arrays.items[array]
             held = specs.per_device_bytes(shape, dtype, dst, self.axis_sizes)
-            copies += [(seconds, tuple((r, from_src[:, None] & to_dst[r][None, :])
-                                       for r in readers), held)
-                       for seconds, from_src in by_seconds.items()]
-        masks = [np.array([spec in common for spec in specs_r]) for specs_r in wanted]
-        self._shared_copies[key] = copies, masks
-        return copies, masks
+            timed += [(seconds, tuple((r, from_src[:, None] & to_dst[r][None, :])
+                                      for r in readers), held)
+                      for seconds, from_src in by_seconds.items()]
+            if by_seconds:
+                moved = functools.reduce(np.logical_or, by_seconds.values())
+                held_only.append((0.0, tuple((r, moved[:, None] & to_dst[r][None, :])
+                                             for r in readers), held))
+        shared_specs = [np.array([spec in common for spec in specs_r]) for specs_r in wanted]
+        unshared = [np.zeros_like(m) for m in shared_specs]
+        if not over:
+            found = timed, shared_specs, shared_specs
+        elif self.share_held_copies:   # too many to solve for: each read pays its seconds
+            found = held_only, unshared, shared_specs
+        else:
+            self.held_per_read = True
+            found = [], unshared, unshared
+        self._shared_copies[key] = found
+        return found
 
     def donation_ties(self) -> tuple["Tie", ...]:
         """A donated argument and the output written into its buffer keep one spec: the
@@ -604,14 +627,18 @@ class _Builder:
                                    self.menus[node.id].in_lists[i])
 
     def build_shared_costs(self) -> tuple[SharedCost, ...]:
+        """One latency per combined collective: per computation (per loop body, once per
+        iteration) one for the trailing nodes' collectives, and one per wave of siblings
+        (``reduction_waves``) for the others'."""
         members: dict[tuple, set] = {}
+        waves = reduction_waves(self.graph, self.space.strategies)
         for node in self.graph.nodes:
-            if not self.joins_combined(node.id):
-                continue
             strategies = self.space.strategies[node.id]
+            if not self.combines(node.id):
+                continue
             g = self.group_of_node[node.id]
-            # one combined collective per computation: per loop body, once per iteration
-            scope, seconds = loop_scope(node), self.hw.link_latency * node.weight
+            wave = None if self.space.trailing[node.id] else waves[node.id]
+            scope, seconds = (loop_scope(node), wave), self.hw.link_latency * node.weight
             for s, k in enumerate(self.choice[node.id]):
                 for kind, axes in strategies[k].combined:
                     members.setdefault((kind, axes, scope, seconds), set()).add((g, s))
@@ -776,7 +803,7 @@ class _Builder:
                     continue
                 gv = self.group_of_node[user]
                 if (user, i) in self.paid_once:   # specs whose copy the readers share
-                    copy = (np.where(self.paid_once[(user, i)][1][None, :], 0.0, copy[0]),)
+                    copy = (np.where(self.paid_once[(user, i)][2][None, :], 0.0, copy[0]),)
                     if not copy[0].any():
                         continue
                 term = MemoryTerm(gu, copy[1]) if gu == gv else EdgeMemoryTerm(gu, gv, copy[0])
@@ -803,13 +830,18 @@ class _Builder:
                 points[loop_scope(node)] = node.id
         return points
 
-    def joins_combined(self, node_id: int) -> bool:
+    def combines(self, node_id: int) -> bool:
         """Whether some strategy of the node has a collective XLA combines with its like."""
         strategies = self.space.strategies[node_id]
         key = id(strategies)   # shared by identical nodes, held by the space
         if key not in self._combines:
             self._combines[key] = any(s.combined for s in strategies)
         return self._combines[key]
+
+    def joins_combined(self, node_id: int) -> bool:
+        """Whether the node's collectives may join the one combined at the end of its
+        computation; its siblings' combine where they run."""
+        return self.space.trailing[node_id] and self.combines(node_id)
 
     def collective_buffers(self, last_read: Sequence[int]):
         """(term, first node, last node) of the buffers a split contraction's reduction
@@ -857,7 +889,7 @@ class _Builder:
                 if c.kind not in REDUCTIONS:
                     continue
                 emulated = c.kind == "reduce-scatter" and not self.native_reduce_scatter
-                if strategy.combined:
+                if strategy.combined and joins:
                     at_combine[s] += c.num_bytes
                 elif emulated and joins:
                     out_bytes = specs.per_device_bytes(value.shape, value.dtype,
@@ -943,13 +975,16 @@ TIEBREAK_SECONDS_PER_BYTE = 1e-15
 
 
 def build_cost_graph(space: StrategySpace, donated: Sequence[tuple[int, int]] = (),
-                     native_reduce_scatter: bool = True) -> CostGraph:
+                     native_reduce_scatter: bool = True,
+                     share_held_copies: bool = True) -> CostGraph:
     """Group followers, then price every group and every edge between groups.
 
     ``donated`` pairs an output index with the argument node whose buffer it reuses.
     ``native_reduce_scatter`` is False for backends whose XLA all-reduces and keeps a
-    slice instead (CPU): memory then holds the full reduced result."""
-    builder = _Builder(space, donated, native_reduce_scatter)
+    slice instead (CPU): memory then holds the full reduced result.
+    ``share_held_copies`` False counts some copies readers share once per reader (see
+    ``_Builder.shared_copies``): a smaller problem whose memory is an upper bound."""
+    builder = _Builder(space, donated, native_reduce_scatter, share_held_copies)
     builder.build_groups()
     node_costs, edges, shared_reshards, sharing = builder.build_costs()
     terms, fixed, rows, edge_terms, shared_terms = builder.build_memory()
@@ -962,4 +997,4 @@ def build_cost_graph(space: StrategySpace, donated: Sequence[tuple[int, int]] = 
                      memory_rows=rows, shared_costs=builder.build_shared_costs(),
                      ties=builder.donation_ties(), edge_memory_terms=edge_terms,
                      shared_reshards=shared_reshards, shared_reads=sharing,
-                     shared_copy_terms=shared_terms)
+                     shared_copy_terms=shared_terms, held_per_read=builder.held_per_read)

@@ -97,6 +97,7 @@ class Result:
     status: str                   # optimal | priced | time_limit | greedy | trivial
     solve_seconds: float = 0.0
     lower_bound: float | None = None   # seconds no choice within the budget beats
+    budget_binds: bool = False         # the cheapest choice regardless of memory exceeds it
 
 
 class InfeasibleBudget(Exception):
@@ -193,6 +194,98 @@ def tie_up(request: Request, choice: np.ndarray) -> np.ndarray:
                 choice[u] = int(min(matches, key=lambda s: request.node_costs[u][s]))
     return choice
 
+
+
+@dataclasses.dataclass(frozen=True)
+class _Touching:
+    """Per group, the indices of the edges, shared costs and shared edge costs it is in."""
+    edges: list
+    shared: list
+    shared_edges: list
+
+    @classmethod
+    def of(cls, request: Request) -> "_Touching":
+        n = len(request.node_costs)
+        edges, shared, shared_edges = ([[] for _ in range(n)] for _ in range(3))
+        for k, (u, v, _) in enumerate(request.edges):
+            edges[u].append(k)
+            edges[v].append(k)
+        for k, (_, members) in enumerate(request.shared_costs):
+            for g in dict.fromkeys(g for g, _ in members):
+                shared[g].append(k)
+        for k, (_, members) in enumerate(request.shared_edge_costs):
+            for g in dict.fromkeys(x for u, v, _ in members for x in (u, v)):
+                shared_edges[g].append(k)
+        return cls(edges, shared, shared_edges)
+
+
+def group_seconds(request: Request, choice, g: int, touching: _Touching) -> np.ndarray:
+    """Per strategy of group g, the plan's seconds that depend on g's choice (the rest
+    held at ``choice``): moving g from s to t changes the plan by [t] - [s]."""
+    total = np.asarray(request.node_costs[g], float).copy()
+    for k in touching.edges[g]:
+        u, v, m = request.edges[k]
+        total += m[:, choice[v]] if u == g else m[choice[u], :]
+    for k in touching.shared[g]:
+        seconds, members = request.shared_costs[k]
+        if not any(h != g and choice[h] == s for h, s in members):
+            total[sorted({s for h, s in members if h == g})] += seconds
+    for k in touching.shared_edges[g]:
+        seconds, members = request.shared_edge_costs[k]
+        paid = np.zeros(len(total), bool)
+        for u, v, m in members:
+            if u == g and v == g:
+                paid |= np.diag(m).astype(bool)
+            elif u == g or v == g:
+                paid |= np.asarray(m[:, choice[v]] if u == g else m[choice[u], :], bool)
+            elif m[choice[u], choice[v]]:
+                paid[:] = True   # paid whatever g chooses
+                break
+        if not paid.all():
+            total += seconds * paid
+    return total
+
+
+def tie_mask(request: Request, choice, g: int) -> np.ndarray:
+    """Strategies of group g that keep its ties with the others' choices."""
+    mask = allowed_mask(request, g)
+    for u, v, keys_u, keys_v in request.ties:
+        if u == g and v != g:
+            mask &= keys_u == keys_v[choice[v]]
+        elif v == g and u != g:
+            mask &= keys_v == keys_u[choice[u]]
+    return mask
+
+
+POLISH_PASSES = 4
+
+
+def polish(request: Request, choice: np.ndarray, deadline: float) -> np.ndarray:
+    """Local search on a plan within the budget: move one group at a time to the cheapest
+    strategy that lowers the plan's seconds and keeps it within the budget. Pricing
+    memory leaves such moves where the rounded relaxation overshot."""
+    choice, touching = choice.copy(), _Touching.of(request)
+    for _ in range(POLISH_PASSES):
+        moved = False
+        for g in range(len(request.node_costs)):
+            if len(request.node_costs[g]) == 1:
+                continue
+            seconds = np.where(tie_mask(request, choice, g),
+                               group_seconds(request, choice, g, touching), np.inf)
+            now = seconds[choice[g]]
+            for s in np.argsort(seconds, kind="stable")[:3]:
+                if not seconds[s] < now - 1e-9 * max(abs(now), 1e-12):
+                    break
+                trial = choice.copy()
+                trial[g] = s
+                if fits(request, trial):
+                    choice, moved = trial, True
+                    break
+            if time.perf_counter() > deadline:
+                return choice
+        if not moved:
+            break
+    return choice
 
 
 def smallest_memory_choice(request: Request) -> np.ndarray:
@@ -487,7 +580,8 @@ def solve(request: Request) -> Result:
         seconds, peak = evaluate(request, choice)
         if request.memory_budget is not None and peak > request.memory_budget:
             raise InfeasibleBudget(peak)
-        return Result(choice, seconds, peak, "trivial", time.perf_counter() - start, seconds)
+        return Result(choice, seconds, peak, "trivial", time.perf_counter() - start, seconds,
+                      False)
     ilp = _Ilp(request)
     choice, status = ilp.solve(request.time_limit_s)
     if choice is None:
@@ -496,7 +590,7 @@ def solve(request: Request) -> Result:
         return finish(request, greedy(request), "greedy", start)
     status_name = "optimal" if status == 0 else "time_limit"
     if request.memory_budget is None or fits(request, choice):
-        return finish(request, choice, status_name, start)
+        return finish(request, choice, status_name, start, budget_binds=False)
     best, best_seconds, bound = lagrangian(request, ilp, choice, deadline)
     if best is not None and best_seconds <= bound * (1 + OPTIMALITY_GAP):
         return finish(request, best, "optimal", start, bound)
@@ -507,7 +601,7 @@ def solve(request: Request) -> Result:
     if best is None:
         smallest = peak_memory(request, smallest_memory_choice(request))
         raise InfeasibleBudget(min(smallest, peak_memory(request, choice)))
-    return finish(request, best, "priced", start, bound)
+    return finish(request, polish(request, best, deadline), "priced", start, bound)
 
 
 OPTIMALITY_GAP = 1e-4
@@ -521,11 +615,12 @@ def fits(request: Request, choice) -> bool:
 
 
 def finish(request: Request, choice, status: str, start: float,
-           bound: float | None = None) -> Result:
+           bound: float | None = None, budget_binds: bool = True) -> Result:
     seconds, peak = evaluate(request, choice)
     if status == "optimal":
         bound = seconds
-    return Result(choice, seconds, peak, status, time.perf_counter() - start, bound)
+    return Result(choice, seconds, peak, status, time.perf_counter() - start, bound,
+                  budget_binds)
 
 
 def add_violated_rows(request: Request, ilp: _Ilp, choice, deadline: float):

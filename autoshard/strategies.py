@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -59,6 +59,9 @@ class StrategySpace:
     materialized: tuple[bool, ...]                  # per value: XLA keeps it in memory
     axis_sizes: Mapping[str, int]
     hardware: Hardware
+    # per node: its collectives combine at the end of its computation (trailing_nodes),
+    # not with their siblings (reduction_waves)
+    trailing: tuple[bool, ...] = ()
 
     def num_strategies(self) -> int:
         return sum(len(s) for s in self.strategies)
@@ -371,6 +374,29 @@ def trailing_nodes(graph: Graph) -> list[bool]:
     return trailing
 
 
+def reduction_waves(graph: Graph, strategies: Sequence[Sequence[Strategy]]) -> list[int]:
+    """Per node, how many nodes that may reduce across devices precede it on the longest
+    path within its computation. Two reducing nodes of one wave depend on neither: XLA's
+    combiner merges their like collectives into one (the input gradients of q, k and v
+    summed after three row-parallel dots)."""
+    scopes = [loop_scope(node) for node in graph.nodes]
+    reducing: dict[int, bool] = {}   # identical nodes share their strategies
+    for found in strategies:
+        if id(found) not in reducing:
+            reducing[id(found)] = any(c.kind in ("all-reduce", "reduce-scatter")
+                                      for s in found for c in s.collectives)
+    reduces = [reducing[id(found)] for found in strategies]
+    wave = [0] * len(graph.nodes)
+    for node in graph.nodes:
+        for v in node.operands:
+            if v is None:
+                continue
+            p = graph.values[v].producer
+            if scopes[p] == scopes[node.id]:
+                wave[node.id] = max(wave[node.id], wave[p] + reduces[p])
+    return wave
+
+
 def node_strategies(node: Node, einsum: Einsum, out_values, pin: Spec | None,
                     ctx: _Context) -> list[Strategy]:
     found = einsum_strategies(node, einsum, [v.shape for v in out_values],
@@ -422,7 +448,7 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
     materialized = materialized_values(graph, einsums)
     all_strategies = []
     known: dict = {}   # a repeated layer's nodes (and arguments of a shape) share strategies
-    combining, alone = frozenset(combined_kinds), frozenset()
+    combining = frozenset(combined_kinds)
     for node, einsum in zip(graph.nodes, einsums):
         out_values = [graph.values[v] for v in node.outputs]
         if node.kind == "arg":
@@ -439,11 +465,11 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
             continue
         reads = tuple(v is not None and materialized[v] for v in node.operands)
         writes = tuple(materialized[v.id] for v in out_values)
-        combines = combining if trailing[node.id] else alone
-        key = (signatures[node.id], reads, writes, combines, pins.get(node.id))
+        key = (signatures[node.id], reads, writes, trailing[node.id], pins.get(node.id))
         if key not in known:
             known[key] = tuple(node_strategies(node, einsum, out_values, pins.get(node.id),
-                                               _Context(axis_sizes, hw, (reads, writes), combines)))
+                                               _Context(axis_sizes, hw, (reads, writes),
+                                                        combining)))
         all_strategies.append(known[key])
     return StrategySpace(graph, tuple(all_strategies), tuple(einsums), tuple(materialized),
-                         dict(axis_sizes), hw)
+                         dict(axis_sizes), hw, tuple(trailing))

@@ -128,3 +128,54 @@ def test_a_copy_two_readers_want_is_priced_once(mesh_1d):
     gathers = [c for c in report.collectives if c.kind == "all-gather"]
     assert len(gathers) == 1 and gathers[0].num_bytes == 64 * 256 * 4
     assert plan.cost.reshard_s == pytest.approx(gathers[0].seconds, rel=0.01)
+
+
+def test_sibling_reductions_pay_one_latency(mesh_1d):
+    """Three row-parallel dots summed before a contraction that reads the sum (the input
+    gradients of q, k and v): their all-reduces depend on none of each other, so XLA
+    combines them, and the plan prices one latency for the three, not three."""
+    def fn(a, b, c, w1, w2, w3, v):
+        return jnp.tanh(a @ w1 + b @ w2 + c @ w3) @ v
+    x = jax.ShapeDtypeStruct((64, 1024), jnp.float32)
+    w = jax.ShapeDtypeStruct((1024, 256), jnp.float32)
+    args = (x, x, x, w, w, w, jax.ShapeDtypeStruct((256, 256), jnp.float32))
+    axis = mesh_1d.axis_names[0]
+    row = {"a": P(None, axis), "b": P(None, axis), "c": P(None, axis),
+           "w1": P(axis), "w2": P(axis), "w3": P(axis), "v": P(), "out": P()}
+    plan = autoshard.plan(fn, *args, mesh=mesh_1d, cache=False, pins=row)
+    report = inspect(plan.jit().lower(*args).compile(), plan.hardware, mesh_1d)
+    assert report.count("all-reduce") < 3
+    assert plan.cost.comm_s == pytest.approx(report.comm_s, rel=0.05)
+
+
+def test_past_the_cap_a_shared_copy_is_held_once_and_paid_per_read(mesh_1d, monkeypatch):
+    """A value with more shared copies than the solver takes on (``MAX_SHARED_COPIES``)
+    still holds one copy per wanted spec; only its seconds are paid per read. Built
+    without sharing held copies, it holds one per read: an upper bound."""
+    from autoshard import api, cost, solve, strategies, trace
+
+    def fn(x, w1, w2):
+        return jnp.tanh(x @ w1), jnp.tanh(x @ w2)
+    args = (jax.ShapeDtypeStruct((64, 256), jnp.float32),
+            jax.ShapeDtypeStruct((256, 8192), jnp.float32),
+            jax.ShapeDtypeStruct((256, 8192), jnp.float32))
+    axis = mesh_1d.axis_names[0]
+    pins = {"x": P(axis), "w1": P(None, axis), "w2": P(None, axis)}
+    graph = trace.trace(fn, *args)
+    sizes = api.axis_sizes(mesh_1d)
+    space = strategies.build_strategies(graph, sizes, autoshard.H100,
+                                        api.resolve_pins(pins, graph, sizes))
+
+    def priced(share=True):
+        cg = cost.build_cost_graph(space, share_held_copies=share)
+        request = api.build_request(cg, None, 60)
+        result = solve.solve(request)
+        return cg, result, solve.term_values(request, result.choice).sum()
+    _, shared, shared_bytes = priced()
+    monkeypatch.setattr(cost, "MAX_SHARED_COPIES", 0)
+    _, capped, capped_bytes = priced()
+    gather = 64 * 256 * 4
+    assert list(capped.choice) == list(shared.choice) and capped_bytes == shared_bytes
+    assert capped.objective > shared.objective + 0.5 * autoshard.H100.link_latency
+    cg, unshared, unshared_bytes = priced(share=False)
+    assert cg.held_per_read and unshared_bytes == shared_bytes + gather

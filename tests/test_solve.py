@@ -1,6 +1,7 @@
 """The solver on hand-built graphs; the expected arithmetic is in the comments."""
 
 import itertools
+import time
 
 import numpy as np
 import pytest
@@ -225,3 +226,45 @@ def test_a_shared_copy_is_held_once_and_only_when_made():
     budgeted = Request(**{**request.__dict__, "memory_budget": 6.0})
     result = solve(budgeted)
     assert list(result.choice) == [0, 1, 1] and result.status == "optimal"
+
+
+def request_with_shared_costs(seed: int) -> Request:
+    """A budgeted request plus latencies and resharded copies paid once for many."""
+    rng = np.random.default_rng(seed)
+    request = budgeted_request(seed)
+    shared = [(float(rng.random()), [(int(g), int(rng.integers(3))) for g in rng.choice(6, 3)])
+              for _ in range(3)]
+    shared_edges = [(float(rng.random()),
+                     [(0, int(v), rng.random((3, 3)) < 0.4) for v in (1, 2, 2)])
+                    for _ in range(2)]
+    return Request(**{**request.__dict__, "shared_costs": shared,
+                      "shared_edge_costs": shared_edges})
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_group_seconds_are_the_plan_seconds_of_moving_one_group(seed):
+    request = request_with_shared_costs(seed)
+    touching = solve_module._Touching.of(request)
+    choice = np.random.default_rng(seed).integers(3, size=6)
+    base = evaluate(request, choice)[0]
+    for g in range(6):
+        seconds = solve_module.group_seconds(request, choice, g, touching)
+        for s in range(3):
+            moved = choice.copy()
+            moved[g] = s
+            assert (evaluate(request, moved)[0] - base
+                    == pytest.approx(seconds[s] - seconds[choice[g]], abs=1e-12))
+
+
+@pytest.mark.parametrize("seed", [4, 9, 14])
+def test_polish_lowers_a_priced_plan_within_the_budget(seed):
+    # pricing memory alone leaves these plans above the optimum; single moves within the
+    # budget bring them down, never above what they were, never over the budget
+    request = budgeted_request(seed, groups=7)
+    ilp = solve_module._Ilp(request)
+    priced, seconds, _ = solve_module.lagrangian(request, ilp, ilp.solve(60)[0],
+                                                 time.perf_counter() + 60)
+    polished = solve_module.polish(request, priced, time.perf_counter() + 60)
+    assert evaluate(request, polished)[0] < seconds - 1e-9
+    assert evaluate(request, polished)[0] >= brute_force(request) - 1e-9
+    assert peak_memory(request, polished) <= request.memory_budget
