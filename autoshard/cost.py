@@ -190,8 +190,8 @@ class CostGraph:
     shared_reads: Mapping[tuple[int, int], tuple] = dataclasses.field(default_factory=dict)
     # (shared reshard, bytes): its copy, held if it is made; rows index these last
     shared_copy_terms: tuple[tuple[int, float], ...] = ()
-    # some copies several readers share are counted once per reader: memory is an upper
-    # bound (built without ``share_held_copies``)
+    # some copies several readers share are counted once per reader (built without
+    # ``share_held_copies``)
     held_per_read: bool = False
 
     @property
@@ -557,8 +557,7 @@ class _Builder:
         Past ``MAX_SHARED_COPIES`` (sources with distinct prices times wanted specs), each
         read pays its own seconds, and the copies price bytes alone, one per wanted spec;
         or, without ``share_held_copies``, each read holds its own copy too (fewer copies
-        to solve for, and never fewer bytes than the plan holds). Cached: layers repeat
-        them."""
+        to solve for). Cached: layers repeat them."""
         key = (array, srcs, dsts, weight)
         if key in self._shared_copies:
             return self._shared_copies[key]
@@ -583,7 +582,7 @@ class _Builder:
                     by_seconds[seconds] = by_seconds.get(seconds, False) | from_src
             over = over or len(timed) + len(by_seconds) > MAX_SHARED_COPIES
             if over and not self.share_held_copies:
-                break   # each read pays its seconds and holds its copy: never fewer bytes
+                break   # each read pays its seconds and holds its copy
             to_dst = {r: np.array([spec == dst for spec in wanted[r]]) for r in readers}
             held = specs.per_device_bytes(shape, dtype, dst, self.axis_sizes)
             timed += [(seconds, tuple((r, from_src[:, None] & to_dst[r][None, :])
@@ -983,7 +982,7 @@ def build_cost_graph(space: StrategySpace, donated: Sequence[tuple[int, int]] = 
     ``native_reduce_scatter`` is False for backends whose XLA all-reduces and keeps a
     slice instead (CPU): memory then holds the full reduced result.
     ``share_held_copies`` False counts some copies readers share once per reader (see
-    ``_Builder.shared_copies``): a smaller problem whose memory is an upper bound."""
+    ``_Builder.shared_copies``): a smaller problem."""
     builder = _Builder(space, donated, native_reduce_scatter, share_held_copies)
     builder.build_groups()
     node_costs, edges, shared_reshards, sharing = builder.build_costs()

@@ -151,7 +151,7 @@ def test_sibling_reductions_pay_one_latency(mesh_1d):
 def test_past_the_cap_a_shared_copy_is_held_once_and_paid_per_read(mesh_1d, monkeypatch):
     """A value with more shared copies than the solver takes on (``MAX_SHARED_COPIES``)
     still holds one copy per wanted spec; only its seconds are paid per read. Built
-    without sharing held copies, it holds one per read: an upper bound."""
+    without sharing held copies, it holds one per read."""
     from autoshard import api, cost, solve, strategies, trace
 
     def fn(x, w1, w2):
