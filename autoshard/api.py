@@ -26,7 +26,7 @@ from autoshard.hardware import H100, Hardware
 from autoshard.mesh import as_auto_mesh, axis_sizes
 from autoshard.plan import ArgumentInfo, Plan, PlanCost, program_fingerprint
 from autoshard.progress import PlanProgress
-from autoshard.solve import InfeasibleBudget, Request, evaluate, solve
+from autoshard.solve import InfeasibleBudget, Request, evaluate, shared_edge_marks, solve
 from autoshard.strategies import build_strategies
 from autoshard.trace import build_graph, trace_program
 
@@ -108,15 +108,7 @@ def local_costs(request: Request, choice) -> list[np.ndarray]:
         totals[v] += m[choice[u], :]
     for seconds, members in request.shared_edge_costs:   # paid if any member is marked
         for g in dict.fromkeys(x for u, v, _ in members for x in (u, v)):
-            paid = np.zeros(len(totals[g]), bool)
-            for u, v, m in members:
-                if u == g and v == g:
-                    paid |= np.diag(m).astype(bool)
-                elif u == g or v == g:
-                    paid |= np.asarray(m[:, choice[v]] if u == g else m[choice[u], :], bool)
-                else:
-                    paid |= bool(m[choice[u], choice[v]])
-            totals[g] += seconds * paid
+            totals[g] += seconds * shared_edge_marks(members, choice, g, len(totals[g]))
     return totals
 
 

@@ -588,7 +588,7 @@ class _Builder:
             timed += [(seconds, tuple((r, from_src[:, None] & to_dst[r][None, :])
                                       for r in readers), held)
                       for seconds, from_src in by_seconds.items()]
-            if by_seconds:
+            if by_seconds and self.share_held_copies:
                 moved = functools.reduce(np.logical_or, by_seconds.values())
                 held_only.append((0.0, tuple((r, moved[:, None] & to_dst[r][None, :])
                                              for r in readers), held))

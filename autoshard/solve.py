@@ -232,18 +232,23 @@ def group_seconds(request: Request, choice, g: int, touching: _Touching) -> np.n
             total[sorted({s for h, s in members if h == g})] += seconds
     for k in touching.shared_edges[g]:
         seconds, members = request.shared_edge_costs[k]
-        paid = np.zeros(len(total), bool)
-        for u, v, m in members:
-            if u == g and v == g:
-                paid |= np.diag(m).astype(bool)
-            elif u == g or v == g:
-                paid |= np.asarray(m[:, choice[v]] if u == g else m[choice[u], :], bool)
-            elif m[choice[u], choice[v]]:
-                paid[:] = True   # paid whatever g chooses
-                break
-        if not paid.all():
-            total += seconds * paid
+        total += seconds * shared_edge_marks(members, choice, g, len(total))
     return total
+
+
+def shared_edge_marks(members, choice, g: int, num_strategies: int) -> np.ndarray:
+    """Per strategy of group g, whether a shared edge cost with ``members`` is paid when
+    g takes it and the other groups keep ``choice``."""
+    paid = np.zeros(num_strategies, bool)
+    for u, v, m in members:
+        if u == g and v == g:
+            paid |= np.diag(m).astype(bool)
+        elif u == g or v == g:
+            paid |= np.asarray(m[:, choice[v]] if u == g else m[choice[u], :], bool)
+        elif m[choice[u], choice[v]]:
+            paid[:] = True   # paid whatever g chooses
+            break
+    return paid
 
 
 def tie_mask(request: Request, choice, g: int) -> np.ndarray:

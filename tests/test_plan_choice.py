@@ -113,17 +113,22 @@ def test_one_billion_parameters_plan_from_shapes_only(mesh_2d):
     assert plan.cost.memory_bytes < plan.hardware.memory
 
 
-def test_a_copy_two_readers_want_is_priced_once(mesh_1d):
-    """x, split on its batch, feeds two column-parallel dots that both read it whole: XLA
-    gathers x once, and the plan prices one gather, not one per reader."""
+def two_readers_of_x(axis):
+    """x, split on its batch, feeding two column-parallel dots that both read it whole:
+    (fn, abstract args, pins)."""
     def fn(x, w1, w2):
         return jnp.tanh(x @ w1), jnp.tanh(x @ w2)
     args = (jax.ShapeDtypeStruct((64, 256), jnp.float32),
             jax.ShapeDtypeStruct((256, 8192), jnp.float32),
             jax.ShapeDtypeStruct((256, 8192), jnp.float32))
-    axis = mesh_1d.axis_names[0]
-    plan = autoshard.plan(fn, *args, mesh=mesh_1d, cache=False,
-                          pins={"x": P(axis), "w1": P(None, axis), "w2": P(None, axis)})
+    return fn, args, {"x": P(axis), "w1": P(None, axis), "w2": P(None, axis)}
+
+
+def test_a_copy_two_readers_want_is_priced_once(mesh_1d):
+    """x, split on its batch, feeds two column-parallel dots that both read it whole: XLA
+    gathers x once, and the plan prices one gather, not one per reader."""
+    fn, args, pins = two_readers_of_x(mesh_1d.axis_names[0])
+    plan = autoshard.plan(fn, *args, mesh=mesh_1d, cache=False, pins=pins)
     report = inspect(plan.jit().lower(*args).compile(), plan.hardware, mesh_1d)
     gathers = [c for c in report.collectives if c.kind == "all-gather"]
     assert len(gathers) == 1 and gathers[0].num_bytes == 64 * 256 * 4
@@ -154,13 +159,7 @@ def test_past_the_cap_a_shared_copy_is_held_once_and_paid_per_read(mesh_1d, monk
     without sharing held copies, it holds one per read."""
     from autoshard import api, cost, solve, strategies, trace
 
-    def fn(x, w1, w2):
-        return jnp.tanh(x @ w1), jnp.tanh(x @ w2)
-    args = (jax.ShapeDtypeStruct((64, 256), jnp.float32),
-            jax.ShapeDtypeStruct((256, 8192), jnp.float32),
-            jax.ShapeDtypeStruct((256, 8192), jnp.float32))
-    axis = mesh_1d.axis_names[0]
-    pins = {"x": P(axis), "w1": P(None, axis), "w2": P(None, axis)}
+    fn, args, pins = two_readers_of_x(mesh_1d.axis_names[0])
     graph = trace.trace(fn, *args)
     sizes = api.axis_sizes(mesh_1d)
     space = strategies.build_strategies(graph, sizes, autoshard.H100,
