@@ -52,6 +52,19 @@ def test_embedding_gather_is_vocab_parallel():
     assert str(einsum) == "dc,ab.->abc reduce={d}"
 
 
+def test_scatter_splits_the_indexed_operand_dim():
+    """The gradient of take_along_axis scatters into the vocabulary: each device applies
+    the updates that land in its rows, so the vocabulary splits with nothing to sum."""
+    def fn(log_probs, labels):
+        return jax.grad(lambda lp: jnp.take_along_axis(lp, labels[..., None], axis=-1).sum())(
+            log_probs)
+    graph = trace(fn, jax.ShapeDtypeStruct((4, 16, 512), jnp.float32),
+                  jax.ShapeDtypeStruct((4, 16), jnp.int32))
+    node = next(n for n in graph.nodes if n.primitive == "scatter-add")
+    einsum = rule_for(node, [graph.values[v].shape for v in node.outputs])
+    assert str(einsum) == "abc,ab..,ab.->abc"
+
+
 def test_conv_batch_and_features():
     def fn(x, k):
         return jax.lax.conv_general_dilated(x, k, (1, 1), "SAME",

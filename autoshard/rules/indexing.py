@@ -5,6 +5,9 @@ operand's whole-sliced dims, batching dims on all three. An operand dim indexed 
 slice size 1 (an embedding table's vocabulary) may split too: each device looks up the
 rows it holds and the partial results are summed (vocab-parallel embedding).
 scatter-add: an update's scatter dims may split: each device adds its part, partial sums.
+scatter of any kind: an operand dim indexed with slice size 1 (the vocabulary of a
+take_along_axis gradient) may split: each device applies the updates that land in the rows
+it holds, so the result stays split and nothing is summed.
 """
 
 from __future__ import annotations
@@ -75,5 +78,8 @@ def scatter(node, out_shapes) -> Einsum:
     for u, d in zip(dn.update_window_dims, window):
         if updates[u] == operand[d] and d not in dn.scatter_dims_to_operand_dims:
             op_t[d] = upd_t[u] = labels.new(operand[d])
+    indexed = [d for d in dn.scatter_dims_to_operand_dims if d in dn.inserted_window_dims]
+    if len(indexed) == 1 and len(dn.scatter_dims_to_operand_dims) == 1:
+        op_t[indexed[0]] = labels.new(operand[indexed[0]])
     return Einsum((tuple(op_t), tuple(idx_t), tuple(upd_t)), (tuple(op_t),), labels.sizes,
                   reduce=frozenset(reduce), flops=float(math.prod(updates)))
