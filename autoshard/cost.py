@@ -27,7 +27,7 @@ from autoshard.hardware import Hardware
 from autoshard.solve import LiveRows
 from autoshard.specs import Spec
 from autoshard.strategies import (Collective, StrategySpace, expensive, loop_scope,
-                                  reduction_waves, spreads)
+                                  reduction_waves, spreads, trailing_waves)
 
 
 # -- resharding -----------------------------------------------------------------------------
@@ -627,20 +627,23 @@ class _Builder:
 
     def build_shared_costs(self) -> tuple[SharedCost, ...]:
         """One latency per combined collective: per computation (per loop body, once per
-        iteration) one for the trailing nodes' collectives, and one per wave of siblings
-        (``reduction_waves``) for the others'."""
+        iteration) one per wave of trailing nodes' collectives (``trailing_waves``), and
+        one per wave of siblings (``reduction_waves``) for the others'."""
         members: dict[tuple, set] = {}
         waves = reduction_waves(self.graph, self.space.strategies)
+        ends = trailing_waves(self.graph, self.space.strategies, self.space.trailing)
         for node in self.graph.nodes:
             strategies = self.space.strategies[node.id]
             if not self.combines(node.id):
                 continue
             g = self.group_of_node[node.id]
-            wave = None if self.space.trailing[node.id] else waves[node.id]
-            scope, seconds = (loop_scope(node), wave), self.hw.link_latency * node.weight
+            seconds = self.hw.link_latency * node.weight
             for s, k in enumerate(self.choice[node.id]):
-                for kind, axes in strategies[k].combined:
-                    members.setdefault((kind, axes, scope, seconds), set()).add((g, s))
+                for combined in strategies[k].combined:
+                    wave = (("end", ends[node.id].get(combined, 0))
+                            if self.space.trailing[node.id] else waves[node.id])
+                    key = (*combined, (loop_scope(node), wave), seconds)
+                    members.setdefault(key, set()).add((g, s))
         return tuple(SharedCost(key[:3], key[3], tuple(sorted(m)))
                      for key, m in sorted(members.items(), key=lambda item: repr(item[0])))
 

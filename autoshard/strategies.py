@@ -397,6 +397,37 @@ def reduction_waves(graph: Graph, strategies: Sequence[Sequence[Strategy]]) -> l
     return wave
 
 
+def trailing_waves(graph: Graph, strategies: Sequence[Sequence[Strategy]],
+                   trailing: Sequence[bool]) -> list[dict]:
+    """Per trailing node, per combined collective (kind, axes) it may make: how many
+    trailing nodes that may make that collective precede it on the longest path within its
+    computation. XLA's combiner merges like collectives none of which depends on another:
+    the input gradient of the first layer, all-reduced, and a layer norm's statistic
+    summed from it run as two, however late both are; the loss's sum over the batch still
+    joins the weight gradients, which depend on no collective of its kind."""
+    scopes = [loop_scope(node) for node in graph.nodes]
+    kinds: dict[int, frozenset] = {}   # identical nodes share their strategies
+    wave: list[dict] = [{} for _ in graph.nodes]
+    for node in graph.nodes:
+        if not trailing[node.id]:
+            continue
+        merged = wave[node.id]
+        for v in node.operands:
+            if v is None:
+                continue
+            p = graph.values[v].producer
+            if not trailing[p] or scopes[p] != scopes[node.id]:
+                continue
+            found = strategies[p]
+            if id(found) not in kinds:
+                kinds[id(found)] = frozenset(k for s in found for k in s.combined)
+            for key, count in wave[p].items():
+                merged[key] = max(merged.get(key, 0), count)
+            for key in kinds[id(found)]:
+                merged[key] = max(merged.get(key, 0), wave[p].get(key, 0) + 1)
+    return wave
+
+
 def node_strategies(node: Node, einsum: Einsum, out_values, pin: Spec | None,
                     ctx: _Context) -> list[Strategy]:
     found = einsum_strategies(node, einsum, [v.shape for v in out_values],

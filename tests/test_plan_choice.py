@@ -153,6 +153,25 @@ def test_sibling_reductions_pay_one_latency(mesh_1d):
     assert plan.cost.comm_s == pytest.approx(report.comm_s, rel=0.05)
 
 
+def test_a_reduction_after_a_trailing_one_pays_its_own_latency(mesh_1d):
+    """Nothing contracts after these reductions, so both run late, but a sum over features
+    split after the all-reduce reads its result: XLA cannot combine the two. Priced as
+    one latency, slicing the summed rows to sum them in parts looked cheaper; priced as
+    two, the plan sums the rows whole, one all-reduce, as predicted."""
+    def fn(a, b, w1, w2):
+        y = a @ w1 + b @ w2
+        return y, y.sum(axis=1)
+    x = jax.ShapeDtypeStruct((64, 1024), jnp.float32)
+    w = jax.ShapeDtypeStruct((1024, 4096), jnp.float32)
+    axis = mesh_1d.axis_names[0]
+    pins = {"a": P(None, axis), "b": P(None, axis), "w1": P(axis), "w2": P(axis),
+            "out[1]": P()}
+    plan = autoshard.plan(fn, x, x, w, w, mesh=mesh_1d, cache=False, pins=pins)
+    report = inspect(plan.jit().lower(x, x, w, w).compile(), plan.hardware, mesh_1d)
+    assert report.count("all-reduce") == 1
+    assert plan.cost.comm_s == pytest.approx(report.comm_s, rel=0.05)
+
+
 def test_past_the_cap_a_shared_copy_is_held_once_and_paid_per_read(mesh_1d, monkeypatch):
     """A value with more shared copies than the solver takes on (``MAX_SHARED_COPIES``)
     still holds one copy per wanted spec; only its seconds are paid per read. Built
