@@ -94,7 +94,8 @@ def build_request(cg: CostGraph, memory_budget, time_limit_s) -> Request:
                    ties=[(t.u, t.v, t.keys_u, t.keys_v) for t in cg.ties],
                    memory_terms=[(t.group, t.num_bytes) for t in cg.memory_terms],
                    edge_memory_terms=[(t.src, t.dst, t.num_bytes) for t in cg.edge_memory_terms],
-                   shared_edge_costs=[(s.seconds, s.members) for s in cg.shared_reshards],
+                   shared_edge_costs=[(s.seconds, s.members)
+                                      for s in cg.shared_reshards + cg.chained_latencies],
                    shared_memory_terms=cg.shared_copy_terms,
                    fixed_terms=cg.fixed_terms, memory_rows=cg.memory_rows,
                    memory_budget=memory_budget, time_limit_s=time_limit_s)
@@ -150,6 +151,8 @@ def plan_cost(cg: CostGraph, choice, chosen, reshards, peak_bytes: float) -> Pla
             reshard += x
     comm += sum(c.seconds for c in cg.shared_costs
                 if any(choice[g] == s for g, s in c.members))
+    comm += sum(c.seconds for c in cg.chained_latencies
+                if any(paid[choice[u], choice[v]] for u, v, paid in c.members))
     return PlanCost(compute_s=compute, comm_s=comm + reshard, memory_bytes=peak_bytes,
                     reshard_s=reshard)
 

@@ -27,7 +27,7 @@ from autoshard.hardware import Hardware
 from autoshard.solve import LiveRows
 from autoshard.specs import Spec
 from autoshard.strategies import (Collective, StrategySpace, expensive, loop_scope,
-                                  reduction_waves, spreads, trailing_waves)
+                                  reduction_waves, spreads, trailing_ancestors)
 
 
 # -- resharding -----------------------------------------------------------------------------
@@ -193,6 +193,9 @@ class CostGraph:
     # some copies several readers share are counted once per reader (built without
     # ``share_held_copies``)
     held_per_read: bool = False
+    # one more latency for trailing collectives that depend on like ones, paid as shared
+    # reshards are (``_Builder.build_chained_latencies``)
+    chained_latencies: tuple[SharedReshard, ...] = ()
 
     @property
     def num_groups(self) -> int:
@@ -627,25 +630,52 @@ class _Builder:
 
     def build_shared_costs(self) -> tuple[SharedCost, ...]:
         """One latency per combined collective: per computation (per loop body, once per
-        iteration) one per wave of trailing nodes' collectives (``trailing_waves``), and
-        one per wave of siblings (``reduction_waves``) for the others'."""
+        iteration) one for the trailing nodes' collectives, and one per wave of siblings
+        (``reduction_waves``) for the others'."""
         members: dict[tuple, set] = {}
         waves = reduction_waves(self.graph, self.space.strategies)
-        ends = trailing_waves(self.graph, self.space.strategies, self.space.trailing)
         for node in self.graph.nodes:
             strategies = self.space.strategies[node.id]
             if not self.combines(node.id):
                 continue
             g = self.group_of_node[node.id]
-            seconds = self.hw.link_latency * node.weight
+            wave = None if self.space.trailing[node.id] else waves[node.id]
+            scope, seconds = (loop_scope(node), wave), self.hw.link_latency * node.weight
             for s, k in enumerate(self.choice[node.id]):
-                for combined in strategies[k].combined:
-                    wave = (("end", ends[node.id].get(combined, 0))
-                            if self.space.trailing[node.id] else waves[node.id])
-                    key = (*combined, (loop_scope(node), wave), seconds)
-                    members.setdefault(key, set()).add((g, s))
+                for kind, axes in strategies[k].combined:
+                    members.setdefault((kind, axes, scope, seconds), set()).add((g, s))
         return tuple(SharedCost(key[:3], key[3], tuple(sorted(m)))
                      for key, m in sorted(members.items(), key=lambda item: repr(item[0])))
+
+    def makes(self, node_id: int, combined: tuple) -> np.ndarray:
+        """Per strategy of the node's group: whether it makes this combined collective."""
+        strategies = self.space.strategies[node_id]
+        return np.array([combined in strategies[k].combined for k in self.choice[node_id]])
+
+    def build_chained_latencies(self) -> tuple[SharedReshard, ...]:
+        """A trailing collective that depends on a like one (``trailing_ancestors``) runs
+        on its own: one more latency per collective kind, axes and computation, paid if
+        any such pair of nodes makes it."""
+        members: dict[tuple, dict] = {}
+        before = trailing_ancestors(self.graph, self.space.strategies, self.space.trailing)
+        for node in self.graph.nodes:
+            if not before[node.id] or not self.combines(node.id):
+                continue
+            gn = self.group_of_node[node.id]
+            for combined, ancestors in before[node.id].items():
+                mine = self.makes(node.id, combined)
+                if not mine.any():
+                    continue
+                key = (combined, loop_scope(node), self.hw.link_latency * node.weight)
+                pairs = members.setdefault(key, {})
+                for p in sorted(ancestors):
+                    paid = np.outer(self.makes(p, combined), mine)
+                    gp = self.group_of_node[p]
+                    if paid.any():
+                        pairs[gp, gn] = pairs[gp, gn] | paid if (gp, gn) in pairs else paid
+        return tuple(SharedReshard(key[2], tuple((u, v, paid) for (u, v), paid in pairs.items()))
+                     for key, pairs in sorted(members.items(), key=lambda item: repr(item[0]))
+                     if pairs)
 
     # -- memory --
     def value_bytes(self, value_id: int) -> MemoryTerm:
@@ -999,4 +1029,5 @@ def build_cost_graph(space: StrategySpace, donated: Sequence[tuple[int, int]] = 
                      memory_rows=rows, shared_costs=builder.build_shared_costs(),
                      ties=builder.donation_ties(), edge_memory_terms=edge_terms,
                      shared_reshards=shared_reshards, shared_reads=sharing,
-                     shared_copy_terms=shared_terms, held_per_read=builder.held_per_read)
+                     shared_copy_terms=shared_terms, held_per_read=builder.held_per_read,
+                     chained_latencies=builder.build_chained_latencies())

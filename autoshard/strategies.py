@@ -397,21 +397,20 @@ def reduction_waves(graph: Graph, strategies: Sequence[Sequence[Strategy]]) -> l
     return wave
 
 
-def trailing_waves(graph: Graph, strategies: Sequence[Sequence[Strategy]],
-                   trailing: Sequence[bool]) -> list[dict]:
-    """Per trailing node, per combined collective (kind, axes) it may make: how many
-    trailing nodes that may make that collective precede it on the longest path within its
-    computation. XLA's combiner merges like collectives none of which depends on another:
-    the input gradient of the first layer, all-reduced, and a layer norm's statistic
-    summed from it run as two, however late both are; the loss's sum over the batch still
-    joins the weight gradients, which depend on no collective of its kind."""
+def trailing_ancestors(graph: Graph, strategies: Sequence[Sequence[Strategy]],
+                       trailing: Sequence[bool]) -> list[dict]:
+    """Per trailing node, per combined collective (kind, axes): the trailing nodes of its
+    computation before it that may make that collective. XLA's combiner merges like
+    collectives none of which depends on another: an all-reduced input gradient of the
+    first layer and a layer norm's statistic summed from it run as two, however late; the
+    loss's sum over the batch joins the weight gradients, on no collective of its kind."""
     scopes = [loop_scope(node) for node in graph.nodes]
     kinds: dict[int, frozenset] = {}   # identical nodes share their strategies
-    wave: list[dict] = [{} for _ in graph.nodes]
+    before: list[dict] = [{} for _ in graph.nodes]
     for node in graph.nodes:
         if not trailing[node.id]:
             continue
-        merged = wave[node.id]
+        merged = before[node.id]
         for v in node.operands:
             if v is None:
                 continue
@@ -421,11 +420,11 @@ def trailing_waves(graph: Graph, strategies: Sequence[Sequence[Strategy]],
             found = strategies[p]
             if id(found) not in kinds:
                 kinds[id(found)] = frozenset(k for s in found for k in s.combined)
-            for key, count in wave[p].items():
-                merged[key] = max(merged.get(key, 0), count)
+            for key, nodes in before[p].items():
+                merged[key] = merged[key] | nodes if key in merged else nodes
             for key in kinds[id(found)]:
-                merged[key] = max(merged.get(key, 0), wave[p].get(key, 0) + 1)
-    return wave
+                merged[key] = merged.get(key, frozenset()) | {p}
+    return before
 
 
 def node_strategies(node: Node, einsum: Einsum, out_values, pin: Spec | None,
