@@ -917,9 +917,9 @@ class _Builder:
         value = self.graph.values[node.outputs[0]]
         for s, k in enumerate(picks):
             strategy = strategies[k]
-            for c in strategy.collectives:
-                if c.kind not in REDUCTIONS:
-                    continue
+            # reductions one after another over different axes reduce one buffer in place
+            reductions = [c for c in strategy.collectives if c.kind in REDUCTIONS]
+            for c in reductions[:1]:
                 emulated = c.kind == "reduce-scatter" and not self.native_reduce_scatter
                 if strategy.combined and joins:
                     at_combine[s] += c.num_bytes

@@ -130,8 +130,10 @@ def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, ctx) -
         if not partial_axes:
             result.append(Strategy(name, in_specs, tuple(out_specs), compute_s, 0.0))
             continue
+        per_label = sorted(tuple(a for a in axis_sizes if a in split[l])
+                           for l in einsum.reduce if split.get(l))
         result += reduction_variants(node, name, in_specs, out_specs, out_shapes, out_bytes,
-                                     partial_axes, compute_s, einsum.reduce_op, ctx)
+                                     partial_axes, per_label, compute_s, einsum.reduce_op, ctx)
     return result
 
 
@@ -150,35 +152,50 @@ def slice_copy_seconds(node: Node, out_shapes, in_bytes_each, out_bytes, hw: Har
 
 
 def reduction_variants(node, name, in_specs, out_specs, out_shapes, out_bytes, partial_axes,
-                       compute_s, reduce_op, ctx) -> list[Strategy]:
-    """A split contraction: all-reduce the partial result, or reduce-scatter it onto a dim."""
+                       per_label, compute_s, reduce_op, ctx) -> list[Strategy]:
+    """A split contraction: all-reduce the partial result, or reduce-scatter it onto a dim.
+
+    Reduced dims split over different mesh axes (``per_label``: each reduced label's
+    axes) are all-reduced one after the other, one all-reduce per dim over its own axes
+    (XLA's partitioner: a batch norm's statistics over batch and height). A contraction
+    reduce-scatters over all of them at once; a reduce op all-reduces over all but the
+    last and scatters over that one."""
     axis_sizes, hw = ctx.axis_sizes, ctx.hardware
-    n = group_of(partial_axes, axis_sizes)
-    bw = hw.group_bandwidth(partial_axes)
     num_bytes = out_bytes[0]
 
-    def priced(kind, seconds_fn):
+    def priced(kind, seconds_fn, axes):
+        n, bw = group_of(axes, axis_sizes), hw.group_bandwidth(axes)
         seconds = seconds_fn(num_bytes, n, bw, hw.link_latency) * node.weight
         if kind in ctx.combined_kinds:   # the combiner pays the latency once for all,
             # once per iteration of the loop body holding it (cost.SharedCost)
-            return seconds - hw.link_latency * node.weight, ((kind, partial_axes),)
+            return seconds - hw.link_latency * node.weight, ((kind, axes),)
         return seconds, ()
-    ar, ar_combined = priced("all-reduce", hwlib.all_reduce_seconds)
+    reduces, combined = [], ()
+    for axes in per_label:
+        seconds, joins = priced("all-reduce", hwlib.all_reduce_seconds, axes)
+        reduces.append(Collective("all-reduce", axes, num_bytes, seconds))
+        combined += joins
     variants = [Strategy(name + f" all-reduce({'+'.join(partial_axes)})", in_specs,
-                         tuple(out_specs), compute_s, ar,
-                         (Collective("all-reduce", partial_axes, num_bytes, ar),), ar_combined)]
+                         tuple(out_specs), compute_s, sum(c.seconds for c in reduces),
+                         tuple(reduces), combined)]
     if reduce_op != "sum" or len(out_specs) != 1:
         return variants
-    rs, rs_combined = priced("reduce-scatter", hwlib.reduce_scatter_seconds)
+    # a contraction scatters over all its reduced axes at once; a reduce op all-reduces
+    # over all but the last of its split dims first
+    if node.primitive in CONTRACTIONS or len(per_label) == 1:
+        first, first_joins, scatter_axes = (), (), partial_axes
+    else:
+        first, first_joins, scatter_axes = tuple(reduces[:-1]), combined[:-1], per_label[-1]
+    rs, rs_combined = priced("reduce-scatter", hwlib.reduce_scatter_seconds, scatter_axes)
+    scatter = (*first, Collective("reduce-scatter", scatter_axes, num_bytes, rs))
+    seconds, joins = sum(c.seconds for c in scatter), first_joins + rs_combined
     out = out_specs[0]
     for d, size in enumerate(out_shapes[0]):
         scattered = out[d] + partial_axes
         if size % group_of(scattered, axis_sizes) == 0:
             spec = out[:d] + (scattered,) + out[d + 1:]
             variants.append(Strategy(name + f" reduce-scatter({'+'.join(partial_axes)})->{d}",
-                                     in_specs, (spec,), compute_s, rs,
-                                     (Collective("reduce-scatter", partial_axes, num_bytes, rs),),
-                                     rs_combined))
+                                     in_specs, (spec,), compute_s, seconds, scatter, joins))
     return variants
 
 

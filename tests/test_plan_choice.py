@@ -172,6 +172,19 @@ def test_a_reduction_after_a_trailing_one_pays_its_own_latency(mesh_1d):
     assert plan.cost.comm_s == pytest.approx(report.comm_s, rel=0.05)
 
 
+def test_a_sum_over_dims_split_on_two_axes_is_two_all_reduces(mesh_2d):
+    """XLA reduces a sum over dims split on different mesh axes with one all-reduce per
+    dim, each over its own axis (a batch norm's statistics over batch and height); the
+    plan prices both."""
+    first, second = mesh_2d.axis_names
+    x = jax.ShapeDtypeStruct((64, 32, 32, 256), jnp.float32)   # too big to gather
+    plan = autoshard.plan(lambda x: x.sum(axis=(0, 1, 2)), x, mesh=mesh_2d, cache=False,
+                          pins={"x": P(None, second, first), "out": P()})
+    report = inspect(plan.jit().lower(x).compile(), plan.hardware, mesh_2d)
+    assert sorted(c.axes for c in report.collectives) == [(first,), (second,)]
+    assert plan.cost.comm_s == pytest.approx(report.comm_s, rel=0.05)
+
+
 def test_past_the_cap_a_shared_copy_is_held_once_and_paid_per_read(mesh_1d, monkeypatch):
     """A value with more shared copies than the solver takes on (``MAX_SHARED_COPIES``)
     still holds one copy per wanted spec; only its seconds are paid per read. Built
