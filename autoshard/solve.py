@@ -338,14 +338,22 @@ def _classes(matrices: Sequence[np.ndarray]):
     row and column and every matrix reduced to one entry per block."""
     # copies of one matrix (a layer's terms, once per layer) tell rows apart no better
     distinct = list({np.ascontiguousarray(m).tobytes(): m for m in matrices}.values())
-    _, row_of = np.unique(np.concatenate(distinct, axis=1), axis=0, return_inverse=True)
-    row_of = row_of.ravel()
-    rep_rows = [int(np.flatnonzero(row_of == r)[0]) for r in range(int(row_of.max()) + 1)]
-    _, col_of = np.unique(np.concatenate([m[rep_rows] for m in distinct], axis=0), axis=1,
-                          return_inverse=True)
-    col_of = col_of.ravel()
-    rep_cols = [int(np.flatnonzero(col_of == c)[0]) for c in range(int(col_of.max()) + 1)]
+    row_of, rep_rows = _row_classes(np.concatenate(distinct, axis=1))
+    col_of, rep_cols = _row_classes(np.concatenate([m[rep_rows] for m in distinct], axis=0).T)
     return row_of, col_of, [m[np.ix_(rep_rows, rep_cols)] for m in matrices]
+
+
+def _row_classes(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``m``, its class (equal rows, one class; numbered in the rows' sorted
+    order, as ``np.unique(m, axis=0)`` numbers them), and the first row of each class."""
+    m = np.ascontiguousarray(m, dtype=float)
+    seen: dict[bytes, int] = {}
+    first = np.array([seen.setdefault(row.tobytes(), i) for i, row in enumerate(m)])
+    reps = np.array(list(seen.values()))
+    order = np.lexsort(m[reps].T[::-1])   # column 0 sorts first
+    rank = np.empty(len(m), dtype=np.int64)
+    rank[reps[order]] = np.arange(len(reps))
+    return rank[first], reps[order]
 
 
 def is_integral(x: np.ndarray, tolerance: float = 1e-6) -> bool:
