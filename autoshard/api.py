@@ -264,6 +264,7 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
     budget = hw.memory if memory_budget is None else float(memory_budget)
     with PlanProgress(progress) as show, collection_paused():
         program = trace_program(fn, *args)
+        jaxpr_s = time.perf_counter() - started
         fingerprint = program_fingerprint(program.closed_jaxpr, program.leaves)
         options = {"memory_budget": budget, "donate_argnums": list(donate_argnums),
                    "pins": sorted((k, repr(v)) for k, v in (pins or {}).items()),
@@ -275,6 +276,7 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
             return cached_plan(found, mesh, program, started)
         plan_ = solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s,
                               reuse, show, fingerprint, started)
+        plan_.solver["jaxpr_s"] = jaxpr_s
         if cache:
             PLANS.put(key, plan_.to_json(indent=None), directory)
         return plan_
