@@ -160,8 +160,11 @@ def test_cache_in_memory_and_on_disk(four_layers, mesh_2d, mesh_1d, tmp_path):
     kwargs = dict(mesh=mesh_2d, hardware=SLOW, cache_directory=tmp_path)
     fresh = autoshard.plan(four_layers.fn, *args, **kwargs)
     assert fresh.solver["cache"] is None and len(list(tmp_path.glob("*.json"))) == 1
+    # JAX's make_jaxpr is timed apart, within the trace stage
+    assert 0 < fresh.solver["jaxpr_s"] <= fresh.solver["trace_s"] <= fresh.solver["plan_s"]
     again = autoshard.plan(four_layers.fn, *args, **kwargs)
     assert again.solver["cache"] == "memory" and plan_fields(again) == plan_fields(fresh)
+    assert 0 < again.solver["jaxpr_s"] <= again.solver["plan_s"]   # this call's trace
     plan_cache.PLANS.clear()   # as another process would start
     loaded = autoshard.plan(four_layers.fn, *args, **kwargs)
     assert loaded.solver["cache"] == "disk" and plan_fields(loaded) == plan_fields(fresh)
