@@ -273,21 +273,21 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
         directory = cache_dir(cache_directory)
         found = PLANS.get(key, directory) if cache else None
         if found is not None:
-            return cached_plan(found, mesh, program, started, jaxpr_s)
-        plan_ = solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s,
-                              reuse, show, fingerprint, started)
-        plan_.solver["jaxpr_s"] = jaxpr_s
-        if cache:
-            PLANS.put(key, plan_.to_json(indent=None), directory)
+            plan_ = cached_plan(found, mesh, program, started)
+        else:
+            plan_ = solve_program(program, mesh, hw, budget, pins, donate_argnums,
+                                  time_limit_s, reuse, show, fingerprint, started)
+            if cache:
+                PLANS.put(key, plan_.to_json(indent=None), directory)
+        plan_.solver["jaxpr_s"] = jaxpr_s   # this call's make_jaxpr, also on a cache hit
         return plan_
 
 
-def cached_plan(found: tuple[str, str], mesh: Mesh, program, started: float,
-                jaxpr_s: float) -> Plan:
+def cached_plan(found: tuple[str, str], mesh: Mesh, program, started: float) -> Plan:
     text, where = found
     plan_ = Plan.from_json(text, mesh)
     plan_._program = (program.closed_jaxpr, program.in_tree, program.out_tree)
-    plan_.solver.update(cache=where, plan_s=time.perf_counter() - started, jaxpr_s=jaxpr_s)
+    plan_.solver.update(cache=where, plan_s=time.perf_counter() - started)
     return plan_
 
 
