@@ -364,7 +364,7 @@ class _Builder:
         dst_keys = {d: i for i, d in enumerate(dict.fromkeys(dsts))}
         src_ids = [self.specs.number(a) for a in src_keys]
         dst_ids = [self.specs.number(b) for b in dst_keys]
-        seconds = np.array([[self.reshard_by_number(array, a, b) for b in dst_ids]
+        seconds = np.array([[float(self.reshard_by_number(array, a, b)) for b in dst_ids]
                             for a in src_ids])
         shape, dtype = self.arrays.items[array]
         return _Pairs(np.array([src_keys[s] for s in srcs], dtype=np.intp),

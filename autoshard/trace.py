@@ -105,7 +105,7 @@ class GraphBuilder:
     def walk(self, jaxpr, consts, in_values, key, weight) -> list[int | None]:
         env: dict = {}
         for i, (var, const) in enumerate(zip(jaxpr.constvars, consts)):
-            aval = jax.core.get_aval(const)
+            aval = jax.typeof(const)
             env[var] = self.new_node("const", "const", key + ("const", i), [], [], [aval],
                                      weight=weight)[0]
         for var, value in zip(jaxpr.invars, in_values):
