@@ -78,9 +78,25 @@ def test_conv_batch_and_features():
 
 def test_unknown_primitive_warns_and_replicates():
     import autoshard.rules as rules
+    from jax.extend.core import Primitive
+    unknown = Primitive("made_up_for_this_test")
+    unknown.def_abstract_eval(lambda x: x)
+    graph = trace(lambda x: unknown.bind(x), jax.ShapeDtypeStruct((8, 8), jnp.float32))
+    node = next(n for n in graph.nodes if n.primitive == "made_up_for_this_test")
+    rules._warned.discard("made_up_for_this_test")
+    with pytest.warns(UserWarning, match="made_up_for_this_test"):
+        einsum = rule_for(node, [graph.values[v].shape for v in node.outputs])
+    assert str(einsum) == "..->.."
+
+
+def test_replicated_on_purpose_does_not_warn():
+    """A primitive of the replicated table (with its reason) stays whole, silently."""
+    import warnings
+    from autoshard.rules.replicated import REPLICATED
     graph = trace(lambda x: jnp.linalg.cholesky(x), jax.ShapeDtypeStruct((8, 8), jnp.float32))
     node = next(n for n in graph.nodes if n.primitive == "cholesky")
-    rules._warned.discard("cholesky")
-    with pytest.warns(UserWarning, match="cholesky"):
+    assert "cholesky" in REPLICATED
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         einsum = rule_for(node, [graph.values[v].shape for v in node.outputs])
     assert str(einsum) == "..->.."
