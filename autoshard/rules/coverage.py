@@ -20,6 +20,7 @@ import re
 
 from autoshard.rules import RULES, replicate_all
 from autoshard.rules.replicated import REPLICATED
+from autoshard.trace import INLINED
 
 # Packages walked whole, and single modules, that define primitives.
 PACKAGES = ("jax._src.lax", "jax._src.random", "jax._src.nn")
@@ -27,16 +28,10 @@ MODULES = ("jax._src.ad_util", "jax._src.ad_checkpoint", "jax._src.custom_deriva
            "jax._src.pjit", "jax._src.dispatch", "jax._src.debugging", "jax._src.callback",
            "jax._src.checkify")
 
-# Bodies trace plans itself (autoshard.trace.INLINED and its loop and branch units).
+# Bodies trace plans itself: nested calls inlined (autoshard.trace.INLINED), loops and
+# branches kept as units whose bodies are planned.
 TRACED = {
-    "jit": "nested call: its body is inlined",
-    "pjit": "nested call: its body is inlined",
-    "closed_call": "nested call: its body is inlined",
-    "core_call": "nested call: its body is inlined",
-    "custom_jvp_call": "custom derivative: its primal body is inlined",
-    "custom_vjp_call": "custom derivative: its primal body is inlined",
-    "checkpoint": "rematerialized body: inlined",
-    "remat2": "rematerialized body: inlined",
+    **{name: "its body is inlined" for name in INLINED},
     "scan": "a loop unit: its body is planned, joined through loop_xs/loop_ys/loop_carry seams",
     "while": "a loop unit: its body is planned, joined through loop_carry seams",
     "cond": "a branch unit: every branch is planned, joined through branch_in/branch_out seams",
