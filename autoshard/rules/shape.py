@@ -207,12 +207,19 @@ def unstack(node, out_shapes) -> Einsum:
     return Einsum((term,), tuple(out for _ in out_shapes), labels.sizes)
 
 
+# threefry2x32: 20 rounds of add, rotate and xor on a pair of words, plus key injections
+THREEFRY_OPS_PER_WORD = 60
+
+
 @register("random_bits", "random_uniform")
 def random_bits(node, out_shapes) -> Einsum:
-    """Counter-based (partitionable threefry) bits can be made directly in shards."""
+    """Counter-based (partitionable threefry, JAX's default) bits can be made directly in
+    shards: each device hashes the counters of its own elements, and the values do not
+    depend on the split."""
     labels = LabelMaker()
     out = tuple(labels.new(d) for d in out_shapes[0])
-    return Einsum(tuple((None,) * len(s) for s in node.operand_shapes), (out,), labels.sizes)
+    return Einsum(tuple((None,) * len(s) for s in node.operand_shapes), (out,), labels.sizes,
+                  flops=float(THREEFRY_OPS_PER_WORD * math.prod(out_shapes[0])))
 
 
 @register("rng_bit_generator", "random_seed", "random_wrap", "random_unwrap", "random_split",
