@@ -74,6 +74,9 @@ def grouped_conv(groups):
 @pytest.mark.parametrize("fn,avals,primitive,golden", [
     # random bits: the key stays whole, the bits split like the array they fill
     (lambda k: jax.random.bits(k, (8, 16)), [KEY], "random_bits", "->ab"),
+    # rbg's bits are made whole on every device by XLA: priced whole
+    (lambda k: jax.random.bits(k, (8, 16)), [jax.ShapeDtypeStruct((), jax.random.key(
+        0, impl="rbg").dtype)], "random_bits", "->.."),
     (lambda k: jax.random.uniform(k, (8, 16)), [KEY], "shift_right_logical", "ab,->ab"),
     (lambda x: jax.lax.bitcast_convert_type(x, jnp.float32), [u32(8, 16)],
      "bitcast_convert_type", "ab->ab"),
@@ -187,3 +190,12 @@ def test_replicated_on_purpose_does_not_warn():
         warnings.simplefilter("error")
         einsum = rule_for(node, [graph.values[v].shape for v in node.outputs])
     assert str(einsum) == "..->.."
+
+
+def test_random_bits_whole_when_threefry_is_not_partitionable():
+    """Without partitionable threefry XLA makes the bits whole on every device."""
+    with jax.threefry_partitionable(False):
+        assert golden_of(lambda k: jax.random.bits(k, (8, 16)), KEY,
+                         primitive="random_bits") == "->.."
+    assert golden_of(lambda k: jax.random.bits(k, (8, 16)), KEY,
+                     primitive="random_bits") == "->ab"

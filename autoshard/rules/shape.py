@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import jax
+
 from autoshard.rules import Einsum, LabelMaker, register
 
 
@@ -211,13 +213,23 @@ def unstack(node, out_shapes) -> Einsum:
 THREEFRY_OPS_PER_WORD = 60
 
 
+def bits_made_in_shards(key_dtype) -> bool:
+    """Partitionable threefry (JAX's default) hashes each element's own counter, so each
+    device makes just its part. XLA makes other generators' bits (rbg's
+    RngBitGenerator, threefry with ``jax_threefry_partitionable`` off) whole on every
+    device and slices them: the values never depend on the split, only the work does."""
+    impl = getattr(getattr(key_dtype, "_impl", None), "name", "threefry2x32")
+    return impl == "threefry2x32" and bool(jax.config.jax_threefry_partitionable)
+
+
 @register("random_bits", "random_uniform")
 def random_bits(node, out_shapes) -> Einsum:
-    """Counter-based (partitionable threefry, JAX's default) bits can be made directly in
-    shards: each device hashes the counters of its own elements, and the values do not
-    depend on the split."""
+    """The key stays whole; the bits split like the array they fill, where the generator
+    makes them in shards (``bits_made_in_shards``)."""
     labels = LabelMaker()
     out = tuple(labels.new(d) for d in out_shapes[0])
+    if not bits_made_in_shards(node.operand_dtypes[0] if node.operand_dtypes else None):
+        out = (None,) * len(out)
     return Einsum(tuple((None,) * len(s) for s in node.operand_shapes), (out,), labels.sizes,
                   flops=float(THREEFRY_OPS_PER_WORD * math.prod(out_shapes[0])))
 
