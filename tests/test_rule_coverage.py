@@ -73,3 +73,67 @@ def test_coverage_page_is_current(entries):
     expected = coverage.markdown(entries)
     assert PAGE.read_text() == expected, (
         "docs/coverage.md is stale: python -m autoshard.rules.coverage > docs/coverage.md")
+
+
+def ordinary_programs():
+    """Functions of jax.nn, jax.numpy, jax.random and optax as models call them."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    def nn(x):
+        acts = (jax.nn.gelu, lambda x: jax.nn.gelu(x, approximate=False), jax.nn.silu,
+                jax.nn.softplus, jax.nn.softmax, jax.nn.log_softmax, jax.nn.relu6, jax.nn.elu,
+                jax.nn.selu, jax.nn.celu, jax.nn.glu, jax.nn.sigmoid, jax.nn.log_sigmoid,
+                jax.nn.logsumexp, jax.nn.standardize, jax.nn.mish)
+        q = x.reshape(1, 8, 2, 8)
+        return ([f(x) for f in acts] + [jax.nn.one_hot(jnp.argmax(x, -1), 16),
+                jax.nn.dot_product_attention(q, q, q, is_causal=True)])
+
+    def numpy(x):
+        return [jnp.median(x, axis=0), jnp.percentile(x, 50, axis=1), jnp.roll(x, 2, 1),
+                jnp.flip(x), jnp.tril(x), jnp.searchsorted(jnp.sort(x[0]), x[1]),
+                jnp.var(x), jnp.nanmean(x), jnp.clip(x, 0, 1), jnp.round(x), jnp.isnan(x),
+                jnp.nan_to_num(x), jnp.linalg.norm(x, axis=-1), jnp.interp(x, x[0], x[1]),
+                jnp.histogram(x, bins=4)[0], jnp.count_nonzero(x), jnp.repeat(x, 2, 0),
+                jnp.take_along_axis(x, jnp.argsort(x, 1), 1), jnp.logaddexp(x, x),
+                jnp.remainder(x, 3), jnp.unique(jnp.arange(8), size=8),
+                jnp.partition(x, 3, axis=1), jnp.convolve(x[0], x[1]), jnp.fft.ifft(x),
+                jax.scipy.special.erfinv(jnp.tanh(x)), jax.scipy.special.gammaln(x),
+                jax.scipy.stats.norm.ppf(jax.nn.sigmoid(x))]
+
+    def random(key):
+        shape = (8, 16)
+        return [jax.random.normal(key, shape), jax.random.truncated_normal(key, -2, 2, shape),
+                jax.random.categorical(key, jnp.zeros(shape)), jax.random.permutation(key, 16),
+                jax.random.randint(key, shape, 0, 10), jax.random.gumbel(key, shape),
+                jax.random.split(key, 4), jax.random.fold_in(key, 1),
+                jax.random.bernoulli(key, 0.5, shape),
+                jax.random.uniform(key, shape, dtype=jnp.bfloat16),
+                jax.random.beta(key, 2.0, 3.0), jax.random.exponential(key, shape)]
+
+    def optimizers(params, grads):
+        out = []
+        for tx in (optax.adamw(1e-3), optax.lion(1e-3), optax.adafactor(1e-3),
+                   optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3)),
+                   optax.sgd(1e-2, momentum=0.9), optax.lamb(1e-3), optax.rmsprop(1e-3)):
+            updates, _ = tx.update(grads, tx.init(params), params)
+            out.append(optax.apply_updates(params, updates))
+        return out
+    x = jax.ShapeDtypeStruct((8, 16), jnp.float32)
+    key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+    return {"nn": (nn, (x,)), "numpy": (numpy, (x,)), "random": (random, (key,)),
+            "optax": (optimizers, (x, x))}
+
+
+@pytest.mark.parametrize("name", ["nn", "numpy", "random", "optax"])
+def test_ordinary_programs_need_no_fallback(name):
+    """Every primitive these emit has a rule; none is kept whole but ``platform_index``
+    (the scalar that picks a platform's branch)."""
+    from autoshard.trace import trace
+    fn, args = ordinary_programs()[name]
+    graph = trace(fn, *args)
+    primitives = {n.primitive for n in graph.nodes if n.kind == "eqn"}
+    assert primitives, name
+    assert not {p for p in primitives if p not in RULES}
+    assert {p for p in primitives if p in REPLICATED} <= {"platform_index"}
