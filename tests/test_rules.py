@@ -199,3 +199,14 @@ def test_random_bits_whole_when_threefry_is_not_partitionable():
                          primitive="random_bits") == "->.."
     assert golden_of(lambda k: jax.random.bits(k, (8, 16)), KEY,
                      primitive="random_bits") == "->ab"
+
+
+@pytest.mark.parametrize("primitive,params,avals,golden", [
+    ("stack", {"axis": 1}, [f32(4, 8), f32(4, 8)], "ab,ab->a.b"),
+    ("unstack", {"axis": 0}, [f32(2, 8)], ".a->a,a"),
+    ("tie", {}, [f32(4, 8), f32(4, 8)], "ab,cd->cd"),
+])
+def test_golden_primitives_without_a_public_wrapper(primitive, params, avals, golden):
+    from jax._src.lax import lax as lax_internals
+    prim = getattr(lax_internals, f"{primitive}_p")
+    assert golden_of(lambda *xs: prim.bind(*xs, **params), *avals, primitive=primitive) == golden
