@@ -4,7 +4,8 @@ gather: output batch dims split with the indices' batch dims, output offset dims
 operand's whole-sliced dims, batching dims on all three. An operand dim indexed with
 slice size 1 (an embedding table's vocabulary) may split too: each device looks up the
 rows it holds and the partial results are summed (vocab-parallel embedding).
-scatter-add and scatter-sub: an update's scatter dims may split: each device adds its part, partial sums.
+scatter-add and scatter-sub: an update's scatter dims may split: each device adds its part,
+partial sums.
 scatter of any kind: an operand dim indexed with slice size 1 (the vocabulary of a
 take_along_axis gradient) may split: each device applies the updates that land in the rows
 it holds, so the result stays split and nothing is summed.
