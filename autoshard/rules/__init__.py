@@ -9,6 +9,9 @@ that must not be split. ``str(einsum)`` is the golden form tests compare, e.g.
 
 Rules are registered right under their definition with ``@register("name", ...)``;
 ``rule_for`` falls back to a fully replicated rule and warns once per primitive.
+Primitives kept whole on purpose are listed with their reason in ``replicated``;
+``coverage`` sorts every primitive JAX defines into ruled, planned by trace or replicated
+(``python -m autoshard.rules.coverage`` writes ``docs/coverage.md``).
 """
 
 from __future__ import annotations
