@@ -179,6 +179,18 @@ def test_depthwise_conv_splits_on_channels(mesh_2d):
     assert auto.count() == auto.count("all-reduce") == 1
 
 
+def test_ragged_dot_with_gradient(mesh_2d):
+    """An MoE-style grouped matmul (lax.ragged_dot) and its kernel gradient."""
+    def fn(x, w, group_sizes):
+        return jax.value_and_grad(lambda w: jnp.mean(jnp.tanh(
+            jax.lax.ragged_dot(x, w, group_sizes)) ** 2))(w)
+    args = (jax.random.normal(jax.random.key(0), (64, 32)),
+            jax.random.normal(jax.random.key(1), (4, 32, 128)) / 8,
+            jnp.array([30, 10, 0, 24], jnp.int32))
+    plan = plan_without_fallback(fn, *args, mesh=mesh_2d)
+    assert_matches_one_device(plan, fn, *args)
+
+
 @pytest.mark.parametrize("name", ["sort", "argsort", "top_k", "cumsum", "cumprod", "cummax",
                                   "fft", "rfft"])
 def test_split_on_the_other_dims(name, mesh_2d):

@@ -210,3 +210,20 @@ def test_golden_primitives_without_a_public_wrapper(primitive, params, avals, go
     from jax._src.lax import lax as lax_internals
     prim = getattr(lax_internals, f"{primitive}_p")
     assert golden_of(lambda *xs: prim.bind(*xs, **params), *avals, primitive=primitive) == golden
+
+
+def test_ragged_dot_keeps_the_ragged_and_group_dims_whole():
+    """Forward, lhs gradient and kernel gradient of lax.ragged_dot: the ragged rows and the
+    kernels' group dim stay whole; contraction and free dims split as in a dot."""
+    def loss(lhs, rhs, group_sizes):
+        return jax.lax.ragged_dot(lhs, rhs, group_sizes).sum()
+    graph = trace(jax.grad(loss, argnums=(0, 1)), f32(16, 8), f32(4, 8, 32),
+                  jax.ShapeDtypeStruct((4,), jnp.int32))
+    nodes = [n for n in graph.nodes if n.primitive == "ragged_dot_general"]
+    einsums = [rule_for(n, [graph.values[v].shape for v in n.outputs]) for n in nodes]
+    assert [str(e) for e in einsums] == [
+        ".k,.kn,.->.n reduce={k}",     # forward: rows grouped, k contracted
+        ".m,.n,.->.mn",                # kernel gradient: contracts the ragged rows per group
+        ".k,.nk,.->.n reduce={k}",     # lhs gradient
+    ]
+    assert [e.flops for e in einsums] == [2.0 * 16 * 8 * 32] * 3

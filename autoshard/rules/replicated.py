@@ -41,8 +41,6 @@ REPLICATED: dict[str, str] = {
     "rng_uniform": "XLA's stateful RNG, which jax.random never emits",
     "to_edtype": "wraps key data into an extended dtype (PRNG keys are a few words)",
     "from_edtype": "unwraps key data from an extended dtype (PRNG keys are a few words)",
-    "ragged_dot_general": ("a grouped matmul whose group sizes are data: the rows of a group "
-                           "may lie on any device; not split yet"),
     "scaled_dot": "a block-scaled low-precision matmul; its scales' blocking is not modelled",
 }
 
