@@ -23,7 +23,7 @@ from jax.sharding import Mesh, NamedSharding
 from autoshard import specs, validate
 from autoshard.apply import Decision, make_jit
 from autoshard.breakdown import CostItem
-from autoshard.errors import MeshError, PlanError
+from autoshard.errors import AutoshardError, MeshError, PlanError
 from autoshard.hardware import Hardware
 from autoshard.specs import Spec
 
@@ -205,7 +205,11 @@ class Plan:
         validate.function(fn)
         leaves, _, in_tree = flatten_args(fn, args)
         if len(leaves) == len(self.arguments):
-            validate.arguments_match(self.arguments, in_tree, args)
+            try:
+                validate.arguments_match(self.arguments, in_tree, args)
+            except PlanError as e:
+                raise PlanError(f"the plan (program fingerprint {self.fingerprint}) was made "
+                                f"for another program: {e}") from None
 
         def flat_fn(*flat):
             return fn(*jax.tree_util.tree_unflatten(in_tree, flat))
@@ -271,6 +275,10 @@ class Plan:
         print(self.summary_text())
 
     def argument(self, path: str) -> ArgumentInfo:
+        if not isinstance(path, str):
+            raise PlanError(f"an argument path is a str such as "
+                            f"{self.arguments[0].path if self.arguments else 'x'!r}, got "
+                            f"{type(path).__name__} {path!r}")
         for a in self.arguments:
             if a.path == path:
                 return a
@@ -280,10 +288,6 @@ class Plan:
 
     def explain(self, path: str) -> str:
         """Why the argument at ``path`` got its spec: the runner-ups and what they cost."""
-        if not isinstance(path, str):
-            raise PlanError(f"explain takes an argument path (str) such as "
-                            f"{self.arguments[0].path if self.arguments else 'x'!r}, got "
-                            f"{type(path).__name__} {path!r}")
         a = self.argument(path)
         lines = [f"{a.path} {a.dtype}{list(a.shape)} -> {specs.spec_str(a.spec)}"]
         if not a.alternatives:
@@ -354,6 +358,8 @@ class Plan:
             raise PlanError(f"plan was made for mesh {want}; got mesh {have}")
         try:
             return cls._from_dict(d, mesh)
+        except AutoshardError:
+            raise
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise PlanError(f"plan JSON is malformed: {type(e).__name__} {e}") from None
 

@@ -331,3 +331,27 @@ def hardware_fields(hw) -> None:
                    error=HardwareError)
     else:
         number("Hardware.link_bandwidth", hw.link_bandwidth, positive=True, error=HardwareError)
+
+
+# -- views ------------------------------------------------------------------------------------
+
+def optional_count(name: str, value) -> None:
+    """None or a positive int (``top=``)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise OptionError(f"{name} must be a positive int or None, got {type_name(value)} "
+                          f"{value!r}")
+
+
+def mapping(name: str, value, *, allow_empty: bool = False) -> None:
+    if not isinstance(value, Mapping):
+        raise OptionError(f"{name} must be a mapping (dict), got {type_name(value)}")
+    if not value and not allow_empty:
+        raise OptionError(f"{name} is empty: give at least one entry")
+
+
+def names_pair(name: str, value) -> None:
+    if (not isinstance(value, (tuple, list)) or len(value) != 2
+            or not all(isinstance(n, str) for n in value)):
+        raise OptionError(f"{name} must be two strs, e.g. ('auto', 'fsdp'), got {value!r}")
