@@ -35,7 +35,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from autoshard import specs, validate
 from autoshard.breakdown import path_keys
 from autoshard.errors import AutoshardError, MeshError, OptionError, PlanError
-from autoshard.plan import Plan, PlanReport
+from autoshard.plan import Plan
 from autoshard.specs import Spec
 
 __all__ = [
@@ -459,9 +459,6 @@ def memory(plan: Plan, report=None, categorize=None) -> MemoryView:
         viz.memory(plan, plan.report(*args))      # predicted vs compiled
     """
     require_plan(plan, "viz.memory")
-    if report is not None and not isinstance(report, PlanReport):
-        raise OptionError(f"viz.memory report must be plan.report(*args), got "
-                          f"{type(report).__name__}")
     if categorize is not None:
         validate.function(categorize, "viz.memory categorize")
     return MemoryView(plan, report, categorize)

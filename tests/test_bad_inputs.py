@@ -320,7 +320,7 @@ CASES = [
     ("viz breakdown top zero", lambda c: viz.breakdown(c.plan, top=0), OptionError, "top"),
     ("viz breakdown top str", lambda c: viz.breakdown(c.plan, top="3"), OptionError, "top"),
     ("viz memory str", lambda c: viz.memory("plan"), PlanError, "viz.memory"),
-    ("viz memory report int", lambda c: viz.memory(c.plan, report=3), OptionError, "report"),
+    ("viz memory report int", lambda c: viz.memory(c.plan, report=3), PlanError, "report"),
     ("viz memory categorize int", lambda c: viz.memory(c.plan, categorize=5), InputError,
      "categorize"),
     ("viz diff names str", lambda c: viz.diff(c.plan, c.plan, names="ab"), OptionError,
