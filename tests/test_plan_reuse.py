@@ -103,3 +103,20 @@ def test_differing_pins_on_a_donated_pair_name_both(mesh_2d):
     plan = autoshard.plan(step, w, x, mesh=mesh_2d, cache=False,   # undonated: both hold
                           pins={"w": P(None, "model"), "out[0]": P("data", None)})
     assert plan.in_specs[0] != plan.out_specs[0]
+
+
+def test_donation_under_a_budget_is_named_not_blamed_on_pins(mesh_1d, monkeypatch):
+    """Where plans ignoring the donation ties fit the budget but the solver finds none
+    keeping them (no pins at all), the error names the budget and the donated arguments."""
+    from autoshard import api
+    from autoshard.solve import InfeasibleBudget
+
+    def no_plan_keeps_the_ties(request):
+        raise InfeasibleBudget(0.5 * request.memory_budget)
+    monkeypatch.setattr(api, "solve", no_plan_keeps_the_ties)
+    with pytest.raises(autoshard.MemoryBudgetError, match=r"donated: 'w'.*leave those "
+                                                          r"arguments undonated") as info:
+        autoshard.plan(sgd_step, W, make_batch(8), mesh=mesh_1d, donate_argnums=(0,),
+                       memory_budget=1e5, cache=False)
+    assert "pin" not in str(info.value)
+    assert info.value.budget_bytes == 1e5
