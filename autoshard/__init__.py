@@ -7,13 +7,14 @@
 """
 
 from autoshard.api import AutoSharded, auto_shard, plan
-from autoshard.errors import (AutoshardError, InputError, MemoryBudgetError, MeshError, PinError,
-                              PlanError)
+from autoshard.errors import (AutoshardError, HardwareError, InputError, LaunchError,
+                              MemoryBudgetError, MeshError, OptionError, PathError, PinError,
+                              PlanError, TraceError)
 from autoshard.hardware import H100, Hardware
 from autoshard.mesh import make_mesh
 from autoshard.plan import Plan, PlanCost
 
-__all__ = ["AutoSharded", "AutoshardError", "H100", "Hardware", "InputError", "MemoryBudgetError",
-           "MeshError", "PinError", "Plan", "PlanCost", "PlanError", "auto_shard", "make_mesh",
-           "plan"]
+__all__ = ["AutoSharded", "AutoshardError", "H100", "Hardware", "HardwareError", "InputError",
+           "LaunchError", "MemoryBudgetError", "MeshError", "OptionError", "PathError", "PinError",
+           "Plan", "PlanCost", "PlanError", "TraceError", "auto_shard", "make_mesh", "plan"]
 __version__ = "0.1.0"

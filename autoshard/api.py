@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
-from autoshard import specs
+from autoshard import specs, validate
 from autoshard.apply import Decision
 from autoshard.breakdown import cost_breakdown, memory_parts
 from autoshard.cache import PLANS, cache_dir, plan_key
@@ -210,6 +210,41 @@ def donated_pairs(graph, donate_argnums: Sequence[int]) -> list[tuple[int, int]]
     return pairs
 
 
+def pin_donated_arguments(graph, pinned: dict[int, specs.Spec],
+                          donated: Sequence[tuple[int, int]]) -> dict[int, specs.Spec]:
+    """A donated argument and the output written into its buffer keep one spec, so a pin
+    on either holds for both: the argument takes its output's pin (even where it is too
+    small to be split on its own). Pins that differ on such a pair raise ``PinError``."""
+    pinned = dict(pinned)
+    for k, arg_node in donated:
+        out_node = graph.output_nodes[k]
+        out_pin, arg_pin = pinned.get(out_node), pinned.get(arg_node)
+        if out_pin is None:
+            continue
+        if arg_pin is not None and arg_pin != out_pin:
+            arg_path = graph.arg_paths[graph.arg_nodes.index(arg_node)]
+            raise PinError(
+                f"pins {arg_path!r} {specs.spec_str(arg_pin)} and {graph.out_paths[k]!r} "
+                f"{specs.spec_str(out_pin)} differ, but the donated argument {arg_path!r} is "
+                f"written back as {graph.out_paths[k]!r}, and XLA aliases only buffers "
+                "sharded alike: pin both alike or leave the argument undonated")
+        pinned[arg_node] = out_pin
+    return pinned
+
+
+def donation_budget_error(graph, donated, budget: float, smallest_bytes: float,
+                          sizes) -> MemoryBudgetError:
+    """No plan fits the budget once each donated argument keeps its output's spec, though
+    plans without that tie would: the error names the donated arguments."""
+    names = [graph.arg_paths[graph.arg_nodes.index(a)] for _, a in donated]
+    shown = ", ".join(repr(n) for n in names[:4]) + (" ..." if len(names) > 4 else "")
+    return MemoryBudgetError(
+        f"no plan fits the memory budget of {budget:.4g} bytes per device on mesh {sizes} "
+        f"while each donated argument keeps its output's spec (donated: {shown}); plans "
+        f"without that tie reach {smallest_bytes:.4g} bytes: raise the budget or leave "
+        "those arguments undonated", budget, smallest_bytes)
+
+
 @contextlib.contextmanager
 def collection_paused():
     """Python's cyclic garbage collector paused: planning makes many long-lived objects
@@ -259,6 +294,12 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
         new_params, loss = plan.jit()(params, batch)
     """
     started = time.perf_counter()
+    validate.function(fn)
+    validate.plan_options(mesh=mesh, hardware=hardware, memory_budget=memory_budget, pins=pins,
+                          donate_argnums=donate_argnums, time_limit_s=time_limit_s, reuse=reuse,
+                          cache=cache, cache_directory=cache_directory, progress=progress,
+                          num_args=len(args))
+    donate_argnums = validate.argnums("donate_argnums", donate_argnums)
     mesh = as_auto_mesh(mesh)
     hw = hardware or H100
     budget = hw.memory if memory_budget is None else float(memory_budget)
@@ -300,8 +341,9 @@ def solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s,
     traced = time.perf_counter()
     show.stage(f"enumerating strategies for {len(graph.nodes)} nodes")
     pinned = resolve_pins(pins, graph, sizes)
-    space = build_strategies(graph, sizes, hw, pinned, combined_collectives(mesh))
     donated = donated_pairs(graph, tuple(donate_argnums))
+    pinned = pin_donated_arguments(graph, pinned, donated)
+    space = build_strategies(graph, sizes, hw, pinned, combined_collectives(mesh))
     # copies several readers share are first held once per reader, a smaller problem;
     # held once each when the budget binds (their memory then lives from the first reader
     # that may make it, so neither pricing bounds the other)
@@ -326,10 +368,9 @@ def solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s,
         if not isinstance(result, InfeasibleBudget):
             bounded = coarse.expand(result.choice)
     if isinstance(result, InfeasibleBudget):
-        if result.smallest_bytes <= budget:   # memory is not what rules every plan out
-            raise PinError(
-                "no plan keeps every pin and gives each donated argument its output's spec; "
-                "unpin the donated arguments or leave them undonated") from None
+        if result.smallest_bytes <= budget and donated:   # memory alone rules nothing out
+            raise donation_budget_error(graph, donated, budget, result.smallest_bytes,
+                                        sizes) from None
         raise MemoryBudgetError(
             f"no plan fits the memory budget of {budget:.4g} bytes per device on mesh {sizes}; "
             f"the smallest the planner reached is {result.smallest_bytes:.4g} bytes",
@@ -420,6 +461,7 @@ def auto_shard(fn: Callable | None = None, *, mesh: Mesh, hardware: Hardware | N
     kwargs = dict(mesh=mesh, hardware=hardware, memory_budget=memory_budget, pins=pins,
                   donate_argnums=donate_argnums, time_limit_s=time_limit_s, reuse=reuse,
                   cache=cache, cache_directory=cache_directory, progress=progress)
+    validate.plan_options(**kwargs)
     if fn is None:
-        return lambda f: AutoSharded(f, **kwargs)
-    return AutoSharded(fn, **kwargs)
+        return lambda f: AutoSharded(validate.function(f), **kwargs)
+    return AutoSharded(validate.function(fn), **kwargs)

@@ -10,6 +10,7 @@ else is left to XLA's sharding propagation. Scans, while loops and conds are reb
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Mapping, Sequence
 
 import jax
@@ -163,11 +164,15 @@ def rewrite(closed_jaxpr, decisions: Mapping[tuple, Decision], mesh: Mesh):
 
 
 def make_jit(closed_jaxpr, in_tree, out_tree, decisions, mesh: Mesh,
-             in_specs: Sequence[Spec], out_specs: Sequence[Spec], donate_argnums=()):
-    """jax.jit of the rewritten program, taking and returning the user's pytrees."""
+             in_specs: Sequence[Spec], out_specs: Sequence[Spec], donate_argnums=(),
+             check_args=None):
+    """jax.jit of the rewritten program, taking and returning the user's pytrees.
+    ``check_args(args)`` raises where the arguments are not the ones planned for."""
     flat_fn = rewrite(closed_jaxpr, decisions, mesh)
 
     def fn(*args):
+        if check_args is not None:
+            check_args(args)
         flat, tree = jax.tree_util.tree_flatten(args)
         if tree != in_tree:
             from autoshard.errors import PlanError
@@ -179,5 +184,35 @@ def make_jit(closed_jaxpr, in_tree, out_tree, decisions, mesh: Mesh,
 
     in_shardings = jax.tree_util.tree_unflatten(in_tree, [sharding(s) for s in in_specs])
     out_shardings = jax.tree_util.tree_unflatten(out_tree, [sharding(s) for s in out_specs])
-    return jax.jit(fn, in_shardings=tuple(in_shardings), out_shardings=out_shardings,
-                   donate_argnums=donate_argnums)
+    jitted = jax.jit(fn, in_shardings=tuple(in_shardings), out_shardings=out_shardings,
+                     donate_argnums=donate_argnums)
+    return jitted if check_args is None else CheckedJit(jitted, in_tree, check_args)
+
+
+class CheckedJit:
+    """A jitted plan that checks its arguments' tree before jax.jit matches them against
+    the in_shardings (whose own error names no argument), and their shapes and dtypes
+    while tracing; anything else (``lower``, ``trace``, ...) is the jitted function's."""
+
+    def __init__(self, jitted, in_tree, check_args):
+        self._jitted, self._in_tree, self._check_args = jitted, in_tree, check_args
+        functools.update_wrapper(self, jitted)
+
+    def _check_tree(self, args) -> None:
+        if jax.tree_util.tree_structure(args) != self._in_tree:
+            self._check_args(args)   # raises, naming what differs
+
+    def __call__(self, *args):
+        self._check_tree(args)
+        return self._jitted(*args)
+
+    def lower(self, *args, **kwargs):
+        self._check_tree(args)
+        return self._jitted.lower(*args, **kwargs)
+
+    def trace(self, *args, **kwargs):
+        self._check_tree(args)
+        return self._jitted.trace(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._jitted, name)

@@ -81,6 +81,10 @@ class Checkpointer:
     def __init__(self, directory: str | os.PathLike, *, max_to_keep: int | None = 3,
                  async_save: bool = True):
         import orbax.checkpoint as ocp
+        from autoshard import validate
+        validate.directory_path("checkpoint directory", directory, create=True)
+        validate.optional_count("max_to_keep", max_to_keep)
+        validate.flag("async_save", async_save)
         self.directory = os.path.abspath(os.fspath(directory))
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep, create=True, cleanup_tmp_directories=True,
@@ -100,7 +104,14 @@ class Checkpointer:
         whether a save started (False if ``step`` exists already).
         """
         import orbax.checkpoint as ocp
-        step = int(step)
+        from autoshard import validate
+        step = step_number("step", step)
+        if data_position is not None:
+            step_number("data_position", data_position)
+        if record is not None:
+            validate.mapping("record", record, allow_empty=True)
+        if not any(hasattr(x, "shape") for x in jax.tree_util.tree_leaves(state)):
+            raise CheckpointError(f"save: the state holds no arrays, got {type(state).__name__}")
         if step in self.all_steps():
             return False
         meta = {"step": step, "data_position": step if data_position is None else int(data_position),
@@ -154,6 +165,8 @@ class Checkpointer:
         return restored[STATE_ITEM], dict(restored[RECORD_ITEM])
 
     def _existing(self, step: int | None) -> int:
+        if step is not None:
+            step = step_number("step", step)
         steps = self.all_steps()
         if step is None:
             if not steps:
@@ -193,6 +206,15 @@ class Checkpointer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def step_number(name: str, value) -> int:
+    """A checkpoint step (or data position): a non-negative int."""
+    import numbers
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise CheckpointError(f"{name} must be a non-negative int, got "
+                              f"{type(value).__name__} {value!r}")
+    return int(value)
 
 
 def _has_arrays(tree) -> bool:
@@ -237,7 +259,8 @@ def latest_step(directory: str | os.PathLike) -> int | None:
 
         start = latest_step("/tmp/run") or 0
     """
-    if not os.path.isdir(directory):
+    from autoshard import validate
+    if not validate.as_path("checkpoint directory", directory).is_dir():
         return None
     import orbax.checkpoint as ocp
     manager = ocp.CheckpointManager(os.path.abspath(os.fspath(directory)),

@@ -77,6 +77,8 @@ def parse_mesh(text: str, axes: str | None) -> tuple[tuple[int, ...], tuple[str,
     if len(names) != len(shape):
         raise CliError(f"--axes {axes!r} names {len(names)} axes; mesh {text!r} has "
                        f"{len(shape)}")
+    if len(set(names)) != len(names) or not all(names):
+        raise CliError(f"--axes {axes!r} must name each axis once (e.g. data,model)")
     return shape, names
 
 
@@ -115,6 +117,9 @@ def check_checkpoint_flags(checkpoint_dir: Path | None, checkpoint_every: int,
                        "--checkpoint-every K (or --resume to continue from it)")
     if checkpoint_dir.exists() and not checkpoint_dir.is_dir():
         raise CliError(f"--checkpoint-dir {checkpoint_dir} is not a directory")
+    from autoshard import validate
+    validate.directory_path("--checkpoint-dir", checkpoint_dir, create=True,
+                            must_exist=resume and not checkpoint_every)
 
 
 def checkpoint_start(checkpoint_dir: Path | None, resume: bool) -> int | None:
@@ -235,7 +240,17 @@ def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | N
     shape, names = parse_mesh(mesh_text, axes)
     count = math.prod(shape)
     budget = parse_bytes(memory_budget) if memory_budget else None
+    if budget is not None and not budget > 0:
+        raise CliError(f"--memory-budget {memory_budget!r} must be positive")
     check_checkpoint_flags(checkpoint_dir, checkpoint_every, resume)
+    if save_plan is not None:
+        from autoshard import validate
+        validate.writable_file("--save-plan", save_plan)
+    from autoshard import models
+    entry = models.get(model)            # unknown names fail before any work
+    if size not in entry.sizes:
+        raise CliError(f"model {model!r} has no size {size!r}; sizes: {', '.join(entry.sizes)}")
+    hw = load_hardware(hardware)
     info = start_backend(count)
     import jax
     import autoshard
@@ -244,14 +259,10 @@ def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | N
 
     multi = jax.process_count() > 1
     _quiet = not info.is_primary
-    entry = models.get(model)            # unknown names fail before any work
-    if size not in entry.sizes:
-        raise CliError(f"model {model!r} has no size {size!r}; sizes: {', '.join(entry.sizes)}")
     if len(jax.devices()) != count:
         raise CliError(f"mesh {mesh_text} needs {count} devices; {jax.devices()[0].platform} "
                        f"has {len(jax.devices())}"
                        + (f" over {jax.process_count()} processes" if multi else ""))
-    hw = load_hardware(hardware)
     latest = checkpoint_start(checkpoint_dir, resume)
     if multi:
         typer.echo(f"process {info.process_id}/{info.num_processes}: "
@@ -426,6 +437,13 @@ def main(argv: list[str] | None = None) -> int:
         if message.strip():             # (empty after the help a bare command prints)
             typer.echo(f"autoshard: error: {' '.join(message.split())}", err=True)
         return 2
+    except OSError as e:                  # a file or directory that cannot be read or written
+        typer.echo(f"autoshard: error: {e}", err=True)
+        return 2
+    except Exception as e:                # anything else: still one line, never a traceback
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        typer.echo(f"autoshard: error: {type(e).__name__}: {first}", err=True)
+        return 1
 
 
 if __name__ == "__main__":

@@ -28,3 +28,28 @@ class MemoryBudgetError(AutoshardError):
 
 class PlanError(AutoshardError):
     """A plan does not match the program or mesh it is used with."""
+
+
+class OptionError(AutoshardError):
+    """A keyword argument has the wrong type or value (a NaN budget, a str time limit)."""
+
+
+class HardwareError(AutoshardError, ValueError):
+    """A ``Hardware`` number is NaN, infinite, zero or negative, or of the wrong type."""
+
+
+class PathError(AutoshardError):
+    """A file or directory autoshard must read or write is missing or not writable."""
+
+
+class TraceError(AutoshardError):
+    """The user's function raised while JAX traced it; ``frame`` is the user's own frame
+    (file, line, function) and the original exception is chained as ``__cause__``."""
+
+    def __init__(self, message: str, frame=None):
+        super().__init__(message)
+        self.frame = frame
+
+
+class LaunchError(AutoshardError):
+    """``autoshard launch`` cannot start the command it was given."""

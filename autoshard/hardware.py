@@ -32,11 +32,10 @@ class Hardware:
     default_link_bandwidth: float = 3.6e11
 
     def __post_init__(self):
-        if not isinstance(self.link_bandwidth, (int, float)):
+        if isinstance(self.link_bandwidth, Mapping):
             object.__setattr__(self, "link_bandwidth", dict(self.link_bandwidth))
-        for name in ("flops", "hbm_bandwidth", "memory", "link_latency"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"Hardware.{name} must be non-negative")
+        from autoshard import validate
+        validate.hardware_fields(self)
 
     def bandwidth(self, axis_name: str) -> float:
         """Bytes/s one device moves along ``axis_name``."""
@@ -57,6 +56,14 @@ class Hardware:
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "Hardware":
+        from autoshard.errors import HardwareError
+        if not isinstance(d, Mapping):
+            raise HardwareError(f"hardware must be a mapping of Hardware fields, got "
+                                f"{type(d).__name__}")
+        unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise HardwareError(f"hardware has unknown fields {unknown}; fields: "
+                                f"{[f.name for f in dataclasses.fields(cls)]}")
         return cls(**d)
 
 

@@ -120,6 +120,31 @@ def terminate(children: Sequence[Child], grace_s: float = TERMINATE_GRACE_S) -> 
             c.popen.wait()
 
 
+def check_command(command: Sequence[str], num_processes: int,
+                  devices_per_process: int | None, timeout_s: float | None) -> None:
+    """``LaunchError`` for what would fail to start: no command, one not found or not
+    executable, or process and device counts that are not positive."""
+    import numbers
+    import shutil
+
+    from autoshard import validate
+    from autoshard.errors import LaunchError
+    for name, value in (("num_processes", num_processes),
+                        ("devices_per_process", devices_per_process)):
+        if value is None and name == "devices_per_process":
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise LaunchError(f"{name} must be a positive int, got {value!r}")
+    if timeout_s is not None:
+        validate.number("timeout", timeout_s, positive=True, error=LaunchError)
+    if isinstance(command, str) or not command or not all(isinstance(c, str) for c in command):
+        raise LaunchError(f"the command to launch must be a non-empty list of strs, got "
+                          f"{command!r}")
+    if shutil.which(command[0]) is None:
+        raise LaunchError(f"cannot start {command[0]!r}: no such executable (not found on "
+                          "PATH, or not executable)")
+
+
 def launch(command: Sequence[str], num_processes: int, *, devices_per_process: int | None = None,
            platform: str | None = "cpu", host: str = "localhost", port: int | None = None,
            timeout_s: float | None = None, out=None) -> int:
@@ -132,10 +157,7 @@ def launch(command: Sequence[str], num_processes: int, *, devices_per_process: i
 
         code = launch(["python", "train.py"], 2, devices_per_process=4)
     """
-    if num_processes < 1:
-        raise ValueError(f"num_processes must be >= 1, got {num_processes}")
-    if not command:
-        raise ValueError("no command to launch")
+    check_command(command, num_processes, devices_per_process, timeout_s)
     out = sys.stdout if out is None else out
     lock = threading.Lock()
     coordinator = f"{host}:{port or free_port()}"
@@ -205,8 +227,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = command[1:]
     if not command:
         parser().error("give the command to run after --")
-    return launch(command, args.num_processes, devices_per_process=args.devices_per_process,
-                  platform=args.platform or None, port=args.port, timeout_s=args.timeout)
+    from autoshard.errors import LaunchError
+    try:
+        return launch(command, args.num_processes, devices_per_process=args.devices_per_process,
+                      platform=args.platform or None, port=args.port, timeout_s=args.timeout)
+    except LaunchError as e:
+        print(f"autoshard.launch: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

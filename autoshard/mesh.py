@@ -20,11 +20,10 @@ def make_mesh(axis_shapes: Sequence[int], axis_names: Sequence[str], *, devices=
 
         mesh = autoshard.make_mesh((2, 4), ("data", "model"))
     """
-    axis_shapes, axis_names = tuple(int(s) for s in axis_shapes), tuple(axis_names)
+    from autoshard import validate
+    axis_shapes, axis_names = validate.mesh_arguments(axis_shapes, axis_names)
     if len(axis_shapes) != len(axis_names):
         raise MeshError(f"mesh shape {axis_shapes} and axis names {axis_names} differ in length")
-    if len(set(axis_names)) != len(axis_names):
-        raise MeshError(f"mesh axis names repeat: {axis_names}")
     devices = list(jax.devices() if devices is None else devices)
     needed = math.prod(axis_shapes)
     if needed > len(devices) or needed <= 0:

@@ -20,10 +20,10 @@ import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 from jax.sharding import Mesh, NamedSharding
 
-from autoshard import specs
+from autoshard import specs, validate
 from autoshard.apply import Decision, make_jit
 from autoshard.breakdown import CostItem
-from autoshard.errors import PlanError
+from autoshard.errors import AutoshardError, MeshError, PlanError
 from autoshard.hardware import Hardware
 from autoshard.specs import Spec
 
@@ -202,11 +202,19 @@ class Plan:
     def bind(self, fn, *args) -> "Plan":
         """Attach the program to a plan loaded from JSON; checks it is the same program."""
         from autoshard.trace import flatten_args
+        validate.function(fn)
         leaves, _, in_tree = flatten_args(fn, args)
+        if len(leaves) == len(self.arguments):
+            try:
+                validate.arguments_match(self.arguments, in_tree, args)
+            except PlanError as e:
+                raise PlanError(f"the plan (program fingerprint {self.fingerprint}) was made "
+                                f"for another program: {e}") from None
 
         def flat_fn(*flat):
             return fn(*jax.tree_util.tree_unflatten(in_tree, flat))
-        closed, out_shapes = jax.make_jaxpr(flat_fn, return_shape=True)(*leaves)
+        with validate.tracing(fn):
+            closed, out_shapes = jax.make_jaxpr(flat_fn, return_shape=True)(*leaves)
         found = program_fingerprint(closed, leaves)
         if found != self.fingerprint:
             raise PlanError(f"program fingerprint {found} differs from the plan's "
@@ -217,9 +225,12 @@ class Plan:
     def jit(self, donate_argnums: Sequence[int] | None = None):
         """jax.jit of the rewritten function with the plan's in/out shardings."""
         closed, in_tree, out_tree = self._require_program("jit")
-        donate = self.donate_argnums if donate_argnums is None else tuple(donate_argnums)
+        donate = self.donate_argnums if donate_argnums is None else validate.argnums(
+            "donate_argnums", donate_argnums, len(in_tree.children()))
+        arguments = self.arguments
         return make_jit(closed, in_tree, out_tree, self.decisions, self.mesh, self.in_specs,
-                        self.out_specs, donate)
+                        self.out_specs, donate,
+                        check_args=lambda args: validate.arguments_match(arguments, in_tree, args))
 
     def report(self, *args, donate_argnums: Sequence[int] | None = None):
         """Compile the plan and put the prediction beside what XLA compiled."""
@@ -264,6 +275,10 @@ class Plan:
         print(self.summary_text())
 
     def argument(self, path: str) -> ArgumentInfo:
+        if not isinstance(path, str):
+            raise PlanError(f"an argument path is a str such as "
+                            f"{self.arguments[0].path if self.arguments else 'x'!r}, got "
+                            f"{type(path).__name__} {path!r}")
         for a in self.arguments:
             if a.path == path:
                 return a
@@ -328,13 +343,35 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str, mesh: Mesh) -> "Plan":
-        d = json.loads(text)
+        d = validate.plan_text(text)
         if d.get("format") != FORMAT_VERSION:
             raise PlanError(f"plan format {d.get('format')} is not {FORMAT_VERSION}")
-        want = dict(zip(d["mesh"]["axis_names"], d["mesh"]["shape"]))
+        if not isinstance(mesh, Mesh):
+            raise MeshError(f"Plan.from_json needs the jax.sharding.Mesh to run on, got "
+                            f"{type(mesh).__name__}")
+        try:
+            want = dict(zip(d["mesh"]["axis_names"], d["mesh"]["shape"]))
+        except (KeyError, TypeError):
+            raise PlanError(f"plan JSON field 'mesh' is malformed: {d['mesh']!r:.80}") from None
         have = dict(zip(mesh.axis_names, mesh.devices.shape))
         if want != have:
             raise PlanError(f"plan was made for mesh {want}; got mesh {have}")
+        try:
+            return cls._from_dict(d, mesh)
+        except AutoshardError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise PlanError(f"plan JSON is malformed: {type(e).__name__} {e}") from None
+
+    @classmethod
+    def _from_dict(cls, d: Mapping, mesh: Mesh) -> "Plan":
+        for a in d["arguments"]:
+            validate.spec_axes(f"plan argument {a['path']}", a["spec"], mesh.axis_names)
+        for k, spec in enumerate(d["outputs"]):
+            validate.spec_axes(f"plan output {k}", spec, mesh.axis_names)
+        for x in d["decisions"]:
+            for spec in list(x["in"]) + list(x["out"]):
+                validate.spec_axes(f"plan decision at {x['key']}", spec, mesh.axis_names)
         hw = d["hardware"]
         return cls(
             mesh=mesh, hardware=Hardware.from_dict(hw),

@@ -17,6 +17,7 @@ import jax
 import numpy as np
 from jax.extend.core import Literal
 
+from autoshard import validate
 from autoshard.errors import InputError
 from autoshard.graph import Graph, Node, Value
 
@@ -54,6 +55,7 @@ def abstractify(path: str, leaf) -> jax.ShapeDtypeStruct:
     if isinstance(leaf, jax.ShapeDtypeStruct):
         return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype)
     if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
+        validate.leaf_dtype(path, leaf.dtype)
         return jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype)
     if isinstance(leaf, (numbers.Number, np.bool_)):
         arr = np.asarray(leaf)
@@ -255,9 +257,12 @@ def trace_program(fn: Callable, *args) -> Program:
     leaves, paths, in_tree = flatten_args(fn, args)
 
     def flat_fn(*flat):
-        return fn(*jax.tree_util.tree_unflatten(in_tree, flat))
+        out = fn(*jax.tree_util.tree_unflatten(in_tree, flat))
+        validate.output_leaves(jax.tree_util.tree_flatten_with_path(out)[0])
+        return out
 
-    closed, out_shapes = jax.make_jaxpr(flat_fn, return_shape=True)(*leaves)
+    with validate.tracing(fn):
+        closed, out_shapes = jax.make_jaxpr(flat_fn, return_shape=True)(*leaves)
     out_avals, out_tree = jax.tree_util.tree_flatten(out_shapes)
     out_paths = ["out" + jax.tree_util.keystr(k) for k, _ in
                  jax.tree_util.tree_flatten_with_path(out_shapes)[0]]

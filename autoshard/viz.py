@@ -32,9 +32,9 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from autoshard import specs
+from autoshard import specs, validate
 from autoshard.breakdown import path_keys
-from autoshard.errors import AutoshardError, PlanError
+from autoshard.errors import AutoshardError, MeshError, OptionError, PlanError
 from autoshard.plan import Plan
 from autoshard.specs import Spec
 
@@ -269,6 +269,7 @@ class BreakdownView(View):
         if not plan.breakdown:
             raise PlanError("this plan carries no cost breakdown (a plan saved by an older "
                             "autoshard); plan the program again to get one")
+        validate.optional_count("viz.breakdown top", top)
         self.by, self.top = by, top
         self.title = f"predicted time per step by {by}, mesh {mesh_str(plan.mesh)}"
         kinds = sorted({k for item in plan.breakdown for k in item.comm_s_by_kind})
@@ -457,6 +458,9 @@ def memory(plan: Plan, report=None, categorize=None) -> MemoryView:
         viz.memory(plan).plot()
         viz.memory(plan, plan.report(*args))      # predicted vs compiled
     """
+    require_plan(plan, "viz.memory")
+    if categorize is not None:
+        validate.function(categorize, "viz.memory categorize")
     return MemoryView(plan, report, categorize)
 
 
@@ -624,6 +628,8 @@ def diff(a, b, names: tuple[str, str] = ("a", "b"), show_all: bool = False) -> D
         d.changed          # paths whose specs differ
         d                  # table in a notebook
     """
+    validate.names_pair("viz.diff names", names)
+    validate.flag("viz.diff show_all", show_all)
     return DiffView(a, b, names, show_all)
 
 
@@ -736,6 +742,8 @@ def what_if(fn: Callable, *args, mesh_shapes: Iterable[Sequence[int]] = MESH_SHA
     """
     from autoshard.api import plan as make_plan
     from autoshard.mesh import make_mesh
+    validate.function(fn, "viz.what_if fn")
+    validate.flag("viz.what_if compile", compile)
     plans, reports = {}, {}
     for shape in mesh_shapes:
         shape = tuple(int(n) for n in shape)
@@ -857,6 +865,11 @@ def compare(fn: Callable, *args, candidates: Mapping[str, Any], mesh: Mesh | Non
         view.plot()
     """
     from autoshard.hardware import H100
+    validate.function(fn, "viz.compare fn")
+    validate.mapping("viz.compare candidates", candidates)
+    if mesh is not None and not isinstance(mesh, Mesh):
+        raise MeshError(f"viz.compare mesh must be a jax.sharding.Mesh, got "
+                        f"{type(mesh).__name__}")
     plans = [c for c in candidates.values() if isinstance(c, Plan)]
     hw = hardware or (plans[0].hardware if plans else H100)
     if mesh is None and plans:
@@ -952,6 +965,11 @@ def scoreboard(comparisons: Mapping[str, CompareView], candidate: str = "auto") 
         board = viz.scoreboard(views)        # table: each plan vs the best expert
         board.plot()                         # ratios; 1.0 is the best expert
     """
+    validate.mapping("viz.scoreboard comparisons", comparisons)
+    for name, view in comparisons.items():
+        if not isinstance(view, CompareView):
+            raise OptionError(f"viz.scoreboard comparisons[{name!r}] must be a viz.compare "
+                              f"view, got {type(view).__name__}")
     return ScoreboardView(comparisons, candidate)
 
 

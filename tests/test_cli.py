@@ -103,6 +103,14 @@ def test_checkpoint_and_resume(tmp_path):
     assert sorted(losses_by_step(resumed.stdout)) == [4, 5], resumed.stdout
     assert "PASS" in resumed.stdout
 
+    # the resumed steps are the uninterrupted run's steps: same state, same batches
+    whole = autoshard("zoo", "mlp", "--size", "tiny", "--mesh", "8", "--steps", "6")
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    want = losses_by_step(whole.stdout)
+    assert losses_by_step(first.stdout) == {k: want[k] for k in range(4)}
+    assert losses_by_step(resumed.stdout) == {k: want[k] for k in (4, 5)}, (resumed.stdout,
+                                                                            whole.stdout)
+
 
 def test_launch_needs_a_command():
     result = autoshard("launch", "-n", "2")

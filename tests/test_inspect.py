@@ -293,11 +293,15 @@ def test_scan_trip_count_multiplies_collectives_and_flops(mesh8):
     in_loop = [c for c in report.collectives if c.count == 5]
     assert len(in_loop) == 1
     # the partial c@w f32[64,256] (65536 bytes) is summed each step; CPU slices it back
-    # to the carry's sharding, so it reads as a reduce-scatter (an all-reduce if XLA
-    # keeps the carry whole) -- num_bytes is the 65536-byte input either way
-    assert in_loop[0].kind in ("reduce-scatter", "all-reduce")
+    # to the carry's sharding P(None, "x") (all-reduce + dynamic-slice), so it reads as a
+    # reduce-scatter of the 65536-byte input, 5 times; the result, out_sharding P(), is
+    # gathered once after the loop
+    assert in_loop[0].kind == "reduce-scatter"
     assert (in_loop[0].num_bytes, in_loop[0].group_size, in_loop[0].axes) == (65536, 8, ("x",))
-    assert report.count(in_loop[0].kind) >= 5
+    assert report.count("reduce-scatter") == 5
+    assert report.count("all-reduce") == 0
+    (after,) = [c for c in report.collectives if c.count == 1]
+    assert (after.kind, after.num_bytes, after.axes) == ("all-gather", 65536, ("x",))
 
 
 def test_scan_reads_one_slice_of_the_stack_per_iteration():
