@@ -6,6 +6,7 @@
     step = plan.jit(donate_argnums=(0, 1))
 """
 
+from autoshard.accumulate import value_and_grad
 from autoshard.api import AutoSharded, auto_shard, plan
 from autoshard.errors import (AutoshardError, InputError, MemoryBudgetError, MeshError, PinError,
                               PlanError)
@@ -15,5 +16,5 @@ from autoshard.plan import Plan, PlanCost
 
 __all__ = ["AutoSharded", "AutoshardError", "H100", "Hardware", "InputError", "MemoryBudgetError",
            "MeshError", "PinError", "Plan", "PlanCost", "PlanError", "auto_shard", "make_mesh",
-           "plan"]
+           "plan", "value_and_grad"]
 __version__ = "0.1.0"

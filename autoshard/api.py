@@ -229,7 +229,7 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
          donate_argnums: Sequence[int] = (), time_limit_s: float = 60.0,
          reuse: bool = True, cache: bool = True,
          cache_directory: str | os.PathLike | None = None,
-         progress: bool | None = None) -> Plan:
+         progress: bool | None = None, microbatches: int | str | None = None) -> Plan:
     """Plan how to shard ``fn`` at ``args`` over ``mesh``.
 
     Args:
@@ -251,6 +251,10 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
         ``AUTOSHARD_CACHE_DIR`` environment variable; none if unset).
       progress: show the planning stages on the terminal when planning takes more than a
         second (default: when stderr is a terminal).
+      microbatches: gradient accumulation for a loss marked by ``autoshard.value_and_grad``:
+        ``K`` runs it as a loop over K microbatches whose gradients are reduced once per
+        step; ``"auto"`` takes the fastest K within the budget; ``None`` (default) plans
+        the program as written.
 
     Example::
 
@@ -258,6 +262,13 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
         plan = autoshard.plan(train_step, params, batch, mesh=mesh)
         new_params, loss = plan.jit()(params, batch)
     """
+    if microbatches is not None:
+        from autoshard.accumulate import plan_with_microbatches
+        one = functools.partial(plan, mesh=mesh, hardware=hardware, memory_budget=memory_budget,
+                                pins=pins, donate_argnums=donate_argnums,
+                                time_limit_s=time_limit_s, reuse=reuse, cache=cache,
+                                cache_directory=cache_directory, progress=progress)
+        return plan_with_microbatches(one, fn, args, as_auto_mesh(mesh), microbatches)
     started = time.perf_counter()
     mesh = as_auto_mesh(mesh)
     hw = hardware or H100

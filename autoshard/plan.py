@@ -172,6 +172,7 @@ class Plan:
         self._program = program   # (closed_jaxpr, in_tree, out_tree) when planned here
         self.breakdown = tuple(breakdown)          # CostItem per (group, layer)
         self.memory_parts = dict(memory_parts or {})  # arguments/outputs/temporaries bytes
+        self.microbatching = None   # accumulate.Microbatching when planned with microbatches
 
     # -- shardings ---------------------------------------------------------------------
     def _sharding(self, spec: Spec) -> NamedSharding:
@@ -201,12 +202,14 @@ class Plan:
 
     def bind(self, fn, *args) -> "Plan":
         """Attach the program to a plan loaded from JSON; checks it is the same program."""
+        from autoshard.accumulate import microbatching
         from autoshard.trace import flatten_args
         leaves, _, in_tree = flatten_args(fn, args)
 
         def flat_fn(*flat):
             return fn(*jax.tree_util.tree_unflatten(in_tree, flat))
-        closed, out_shapes = jax.make_jaxpr(flat_fn, return_shape=True)(*leaves)
+        with microbatching(self.microbatching):
+            closed, out_shapes = jax.make_jaxpr(flat_fn, return_shape=True)(*leaves)
         found = program_fingerprint(closed, leaves)
         if found != self.fingerprint:
             raise PlanError(f"program fingerprint {found} differs from the plan's "
@@ -251,6 +254,11 @@ class Plan:
         table.caption = (f"predicted per device: compute {c.compute_s * 1e3:.3f} ms, "
                          f"comm {c.comm_s * 1e3:.3f} ms, total {c.total_s * 1e3:.3f} ms, "
                          f"memory {_human_bytes(c.memory_bytes)}")
+        if self.microbatching is not None:
+            m = self.microbatching
+            table.caption += (f"\n{m.microbatches} microbatches, each split over "
+                              f"{', '.join(m.replica_axes) or 'no axis'} ({m.replicas} "
+                              "replicas); gradients reduced once per step")
         return table
 
     def summary_text(self, width: int = 120) -> str:
@@ -321,6 +329,8 @@ class Plan:
             "solver": self.solver,
             "breakdown": [item.to_dict() for item in self.breakdown],
             "memory_parts": self.memory_parts,
+            **({"microbatching": dataclasses.asdict(self.microbatching)}
+               if self.microbatching is not None else {}),
         }
 
     def to_json(self, indent: int | None = 1) -> str:
@@ -336,7 +346,7 @@ class Plan:
         if want != have:
             raise PlanError(f"plan was made for mesh {want}; got mesh {have}")
         hw = d["hardware"]
-        return cls(
+        plan_ = cls(
             mesh=mesh, hardware=Hardware.from_dict(hw),
             arguments=[ArgumentInfo(a["path"], tuple(a["shape"]), a["dtype"],
                                     spec_from_json(a["spec"]),
@@ -351,6 +361,12 @@ class Plan:
             solver=d.get("solver"),
             breakdown=[CostItem.from_dict(x) for x in d.get("breakdown", ())],
             memory_parts=d.get("memory_parts"))
+        if d.get("microbatching"):
+            from autoshard.accumulate import Microbatching
+            m = d["microbatching"]
+            plan_.microbatching = Microbatching(m["microbatches"], tuple(m["replica_axes"]),
+                                                m["replicas"])
+        return plan_
 
     def __repr__(self) -> str:
         c = self.cost
