@@ -34,6 +34,7 @@ import numpy as np
 from jax import lax
 
 from autoshard.errors import InputError
+from autoshard.pipeline import Pipelining, pipelined
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +45,7 @@ class Microbatching:
     microbatches: int
     replica_axes: tuple[str, ...] = ()
     replicas: int = 1
+    pipeline: Pipelining | None = None   # the layer stack as a pipeline of these microbatches
 
 
 @dataclasses.dataclass
@@ -51,23 +53,33 @@ class TraceRecord:
     """What the marked losses saw while one program was traced."""
 
     batch_sizes: list[int] = dataclasses.field(default_factory=list)
+    stack_layers: list[int] = dataclasses.field(default_factory=list)   # pipelined stacks
 
 
 _SETTING: contextvars.ContextVar = contextvars.ContextVar("autoshard_microbatching",
                                                          default=None)
 _RECORD: contextvars.ContextVar = contextvars.ContextVar("autoshard_trace_record",
                                                         default=None)
+_MESH: contextvars.ContextVar = contextvars.ContextVar("autoshard_mesh", default=None)
 
 
 @contextlib.contextmanager
-def microbatching(setting: Microbatching | None, record: TraceRecord | None = None):
-    """Marked losses traced inside run as ``setting`` says (``None``: as written)."""
-    token, record_token = _SETTING.set(setting), _RECORD.set(record)
+def microbatching(setting: Microbatching | None, record: TraceRecord | None = None,
+                  mesh=None):
+    """Marked losses traced inside run as ``setting`` says (``None``: as written), a
+    pipeline's stages on ``mesh``."""
+    tokens = _SETTING.set(setting), _RECORD.set(record), _MESH.set(mesh)
     try:
         yield
     finally:
-        _SETTING.reset(token)
-        _RECORD.reset(record_token)
+        for var, token in zip((_SETTING, _RECORD, _MESH), tokens):
+            var.reset(token)
+
+
+def active_pipeline() -> Pipelining | None:
+    """The pipeline the program being planned is rewritten into, if any."""
+    setting = _SETTING.get()
+    return None if setting is None else setting.pipeline
 
 
 def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0,
@@ -77,7 +89,8 @@ def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0,
     Outside ``autoshard.plan`` (eagerly, under ``jax.jit``, anywhere) it is exactly
     ``jax.value_and_grad``. Planned with ``microbatches=K``, the loss runs over K
     microbatches of its batch (the leading dim of the array arguments that are not
-    differentiated), gradients accumulate, and they are reduced once per step. ``fun``
+    differentiated, found as ``batch_size`` says), gradients accumulate, and they are
+    reduced once per step. ``fun``
     should return a mean over the batch's rows; ``aux`` leaves are averaged over
     microbatches.
 
@@ -98,6 +111,11 @@ def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0,
             size = batch_size(args, argnums)
             if size is not None:
                 record.batch_sizes.append(size)
+        if setting is not None and setting.pipeline is not None:
+            staged = pipelined(fun, setting.pipeline, _MESH.get(),
+                               lambda a: batch_size(a, argnums),
+                               None if record is None else record.stack_layers.append)
+            return jax.value_and_grad(staged, argnums=argnums, has_aux=has_aux)(*args, **kwargs)
         if setting is None or setting.microbatches == 1:
             return plain(*args, **kwargs)
         return accumulated(fun, argnums, has_aux, setting, args, kwargs)
@@ -111,12 +129,14 @@ def _argnums(argnums) -> tuple[int, ...]:
 
 
 def batch_size(args, argnums) -> int | None:
-    """The leading dim of the first array argument that is not differentiated."""
+    """The batch's row count: the leading dim of the first array leaf of the last argument
+    that is not differentiated and holds arrays (``loss(params, batch)``,
+    ``loss(params, stats, batch)``)."""
     diff = set(_argnums(argnums))
-    for i, arg in enumerate(args):
+    for i in reversed(range(len(args))):
         if i in diff:
             continue
-        for leaf in jax.tree.leaves(arg):
+        for leaf in jax.tree.leaves(args[i]):
             if np.ndim(leaf) >= 1:
                 return int(np.shape(leaf)[0])
     return None
@@ -257,3 +277,56 @@ def replica_candidates(base, size: int, sizes: dict) -> list[tuple[str, ...]]:
                 return list(dict.fromkeys([tuple(a.spec[0]) if a.spec else (), axes]))
     out = [axes] + [(a,) for a in sorted(axes, key=lambda a: -sizes[a])] + [()]
     return list(dict.fromkeys(out))
+
+
+def plan_with_pipeline(plan_fn: Callable, fn: Callable, args, mesh, pipeline: str,
+                       microbatches):
+    """The plan of ``fn`` with its marked loss's layer stack pipelined over mesh axis
+    ``pipeline`` (``"auto"``: each axis, and no pipeline), the whole axis a stage each, in
+    ``microbatches`` microbatches (``"auto"`` or ``None``: S, 2S and 4S for S stages). The
+    fastest plan within the budget wins."""
+    from autoshard.errors import MemoryBudgetError
+    sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
+    if pipeline != "auto" and pipeline not in sizes:
+        raise InputError(f"pipeline names mesh axis {pipeline!r}; the mesh has "
+                         f"{list(sizes)} (or pass 'auto')")
+    if microbatches not in (None, "auto") and (
+            not isinstance(microbatches, (int, np.integer)) or isinstance(microbatches, bool)
+            or microbatches < 1):
+        raise InputError(f"microbatches must be None, a positive int or 'auto', "
+                         f"not {microbatches!r}")
+    axes = [pipeline] if pipeline != "auto" else [a for a in sizes if sizes[a] > 1]
+    best, failure = None, None
+    if pipeline == "auto":
+        try:
+            best = (plan_fn(fn, *args) if microbatches is None else
+                    plan_with_microbatches(plan_fn, fn, args, mesh, microbatches))
+        except MemoryBudgetError as e:
+            failure = e
+    for axis in axes:
+        stages = sizes[axis]
+        counts = ([int(microbatches)] if microbatches not in (None, "auto")
+                  else [stages, 2 * stages, 4 * stages])
+        for count in counts:
+            record = TraceRecord()
+            setting = Microbatching(count, pipeline=Pipelining(axis, stages, count))
+            with microbatching(setting, record, mesh):
+                try:
+                    candidate = plan_fn(fn, *args)
+                except MemoryBudgetError as e:
+                    failure = e
+                    continue
+                except InputError:
+                    if pipeline == "auto" or counts != [count]:
+                        continue   # no stack these stages and microbatches divide
+                    raise
+            layers = record.stack_layers[0] if record.stack_layers else 0
+            candidate.microbatching = dataclasses.replace(
+                setting, pipeline=dataclasses.replace(setting.pipeline, layers=layers))
+            if best is None or candidate.cost.total_s < best.cost.total_s:
+                best = candidate
+    if best is None:
+        if failure is not None:
+            raise failure
+        raise InputError(f"no layer stack of the marked loss pipelines over {axes}")
+    return best

@@ -230,7 +230,8 @@ def start_backend(count: int):
 def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | None,
             memory_budget: str | None, save_plan: Path | None, axes: str | None,
             respect_annotations: bool, seed: int, checkpoint_dir: Path | None = None,
-            checkpoint_every: int = 0, resume: bool = False) -> None:
+            checkpoint_every: int = 0, resume: bool = False,
+            microbatches: str | None = None) -> None:
     global _quiet
     shape, names = parse_mesh(mesh_text, axes)
     count = math.prod(shape)
@@ -272,6 +273,8 @@ def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | N
     plan_kwargs = dict(mesh=mesh, hardware=hw, memory_budget=budget,
                        donate_argnums=case.donate_argnums,
                        pins=pins if respect_annotations else None)
+    if microbatches is not None:
+        plan_kwargs["microbatches"] = parse_microbatches(microbatches)
     if multi:      # the state must come out as it went in; every process takes process 0's plan
         plan = distributed.plan_train_step(case.train_step, *case.args, **plan_kwargs)
     else:
@@ -366,6 +369,8 @@ def zoo(
     resume: bool = typer.Option(
         False, "--resume", help="continue from the latest complete checkpoint in "
                                 "--checkpoint-dir"),
+    microbatches: Optional[str] = typer.Option(
+        None, help="gradient accumulation: a count K or 'auto' (fastest K within the budget)"),
 ):
     """Plan, compare, train and check a zoo model on a (simulated) device mesh."""
     if list_models_:
@@ -374,7 +379,17 @@ def zoo(
     if model is None:
         raise CliError("name a model (see autoshard zoo --list)")
     run_zoo(model, size, mesh, steps, hardware, memory_budget, save_plan, axes,
-            respect_annotations, seed, checkpoint_dir, checkpoint_every, resume)
+            respect_annotations, seed, checkpoint_dir, checkpoint_every, resume,
+            microbatches)
+
+
+def parse_microbatches(text: str) -> int | str:
+    """``--microbatches``: a positive count or ``auto``."""
+    if text == "auto":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise CliError(f"--microbatches takes a positive count or 'auto', not {text!r}")
+    return int(text)
 
 
 @app.command(context_settings={"allow_interspersed_args": False,

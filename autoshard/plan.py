@@ -174,6 +174,12 @@ class Plan:
         self.memory_parts = dict(memory_parts or {})  # arguments/outputs/temporaries bytes
         self.microbatching = None   # accumulate.Microbatching when planned with microbatches
 
+    @property
+    def pipeline(self):
+        """The pipeline the layer stack runs as (``autoshard.pipeline.Pipelining``: stage
+        axis, stages, layers per stage, microbatches, schedule, bubble fraction), or None."""
+        return None if self.microbatching is None else self.microbatching.pipeline
+
     # -- shardings ---------------------------------------------------------------------
     def _sharding(self, spec: Spec) -> NamedSharding:
         return NamedSharding(self.mesh, specs.to_partition_spec(spec))
@@ -208,7 +214,7 @@ class Plan:
 
         def flat_fn(*flat):
             return fn(*jax.tree_util.tree_unflatten(in_tree, flat))
-        with microbatching(self.microbatching):
+        with microbatching(self.microbatching, mesh=self.mesh):
             closed, out_shapes = jax.make_jaxpr(flat_fn, return_shape=True)(*leaves)
         found = program_fingerprint(closed, leaves)
         if found != self.fingerprint:
@@ -254,11 +260,14 @@ class Plan:
         table.caption = (f"predicted per device: compute {c.compute_s * 1e3:.3f} ms, "
                          f"comm {c.comm_s * 1e3:.3f} ms, total {c.total_s * 1e3:.3f} ms, "
                          f"memory {_human_bytes(c.memory_bytes)}")
-        if self.microbatching is not None:
+        if self.pipeline is not None:
+            table.caption += "\n" + self.pipeline.describe()
+        elif self.microbatching is not None:
             m = self.microbatching
+            replicas = f"{m.replicas} replica" + "s" * (m.replicas != 1)
             table.caption += (f"\n{m.microbatches} microbatches, each split over "
-                              f"{', '.join(m.replica_axes) or 'no axis'} ({m.replicas} "
-                              "replicas); gradients reduced once per step")
+                              f"{', '.join(m.replica_axes) or 'no axis'} ({replicas}); "
+                              "gradients reduced once per step")
         return table
 
     def summary_text(self, width: int = 120) -> str:
@@ -363,9 +372,11 @@ class Plan:
             memory_parts=d.get("memory_parts"))
         if d.get("microbatching"):
             from autoshard.accumulate import Microbatching
+            from autoshard.pipeline import Pipelining
             m = d["microbatching"]
+            staged = Pipelining(**m["pipeline"]) if m.get("pipeline") else None
             plan_.microbatching = Microbatching(m["microbatches"], tuple(m["replica_axes"]),
-                                                m["replicas"])
+                                                m["replicas"], staged)
         return plan_
 
     def __repr__(self) -> str:
