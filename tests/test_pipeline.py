@@ -166,3 +166,113 @@ def test_microbatches_need_a_marked_loss_and_a_count(args, mesh_1d):
             plan_for(args, mesh_1d, microbatches=bad)
     with pytest.raises(autoshard.InputError, match="does not split"):
         plan_for(make_args(rows=24), mesh_1d, microbatches=5)
+
+
+# -- pipeline ------------------------------------------------------------------------------
+
+STACK_LAYERS, STACK_ROWS = 8, 64
+
+
+def stack_loss(params, batch):
+    """An embedding, a lax.scan over 8 stacked residual layers (with an auxiliary loss
+    summed in the carry), and a head: the shape of a scanned transformer."""
+    h = batch["x"] @ params["embed"]
+
+    def layer(carry, w):
+        h, aux = carry
+        h = jnp.tanh(h @ w["up"]) @ w["down"] * batch["mask"][:, None] + h
+        return (h, aux + jnp.mean(h ** 2)), None
+
+    (h, aux), _ = jax.lax.scan(layer, (h, jnp.zeros((), jnp.float32)), params["layers"])
+    return jnp.mean((h @ params["head"] - batch["y"]) ** 2) + 0.01 * aux
+
+
+def stack_step(params, batch):
+    loss, grads = autoshard.value_and_grad(stack_loss)(params, batch)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), loss
+
+
+@pytest.fixture(scope="module")
+def stack_args():
+    keys = jax.random.split(jax.random.key(2), 7)
+    d, f = 32, 128
+    params = {"embed": jax.random.normal(keys[0], (16, d)) / 4,
+              "layers": {"up": jax.random.normal(keys[1], (STACK_LAYERS, d, f)) / d ** 0.5,
+                         "down": jax.random.normal(keys[2], (STACK_LAYERS, f, d)) / f ** 0.5},
+              "head": jax.random.normal(keys[3], (d, 8)) / d ** 0.5}
+    batch = {"x": jax.random.normal(keys[4], (STACK_ROWS, 16)),
+             "y": jax.random.normal(keys[5], (STACK_ROWS, 8)),
+             "mask": jax.random.uniform(keys[6], (STACK_ROWS,))}
+    return params, batch
+
+
+def plan_stack(stack_args, mesh, **options):
+    return autoshard.plan(stack_step, *stack_args, mesh=mesh, hardware=HW, cache=False,
+                          progress=False, **options)
+
+
+def test_gpipe_schedule_arithmetic():
+    from autoshard.pipeline import Pipelining
+    p = Pipelining("data", stages=4, microbatches=8, layers=16)
+    assert (p.layers_per_stage, p.iterations) == (4, 11)
+    assert p.bubble_fraction == pytest.approx(3 / 11)
+    for stage in range(4):   # each stage runs every microbatch once, in order, from step s
+        work = [p.busy(stage, t) for t in range(p.iterations)]
+        assert [m for m in work if m is not None] == list(range(8))
+        assert work.index(0) == stage
+    idle = sum(p.busy(s, t) is None for s in range(4) for t in range(p.iterations))
+    assert idle / (4 * p.iterations) == pytest.approx(p.bubble_fraction)
+
+
+def test_forced_pipeline_matches_single_device(stack_args, mesh_2d):
+    expected = jax.jit(stack_step)(*stack_args)
+    plan_ = plan_stack(stack_args, mesh_2d, pipeline="data", microbatches=4)
+    staged = plan_.pipeline
+    assert (staged.axis, staged.stages, staged.microbatches, staged.layers) == ("data", 2, 4, 8)
+    assert staged.layers_per_stage == 4
+    assert_matches(plan_.jit()(*stack_args), expected)
+    for path in ("params['layers']['up']", "params['layers']['down']"):
+        assert plan_.argument(path).spec[0] == ("data",)   # a stage's layers on its devices
+    # the stage buffer shifts once per loop iteration, over the stage axis
+    report = compiled_report(plan_, stack_args)
+    permutes = [c for c in report.collectives if c.kind == "collective-permute"]
+    assert permutes and all(c.count == staged.iterations and "data" in c.axes
+                            for c in permutes)
+    assert "pipeline over 'data': 2 stages x 4 layers, 4 microbatches" in plan_.summary_text()
+
+
+def test_auto_pipeline_is_the_fastest_candidate_and_matches(stack_args, mesh_2d):
+    expected = jax.jit(stack_step)(*stack_args)
+    plan_ = plan_stack(stack_args, mesh_2d, pipeline="auto")
+    assert_matches(plan_.jit()(*stack_args), expected)
+    for other in (plan_stack(stack_args, mesh_2d),
+                  plan_stack(stack_args, mesh_2d, pipeline="data", microbatches=4)):
+        assert plan_.cost.total_s <= other.cost.total_s * (1 + 1e-9)
+
+
+def test_pipeline_json_round_trip(stack_args, mesh_2d):
+    plan_ = plan_stack(stack_args, mesh_2d, pipeline="model", microbatches=8)
+    loaded = autoshard.Plan.from_json(plan_.to_json(), mesh_2d).bind(stack_step, *stack_args)
+    assert loaded.pipeline == plan_.pipeline
+    assert loaded.pipeline.bubble_fraction == pytest.approx(3 / 11)
+    assert_matches(loaded.jit()(*stack_args), jax.jit(stack_step)(*stack_args))
+
+
+def test_pipeline_needs_a_layer_stack(args, mesh_2d):
+    with pytest.raises(autoshard.InputError, match="no layer stack"):
+        plan_for(args, mesh_2d, pipeline="data", microbatches=2)
+    with pytest.raises(autoshard.InputError, match="mesh axis 'stage'"):
+        plan_for(args, mesh_2d, pipeline="stage")
+
+
+@pytest.mark.slow
+def test_zoo_gpt_scan_pipelined_matches_single_device(mesh_2d):
+    from autoshard import models
+    case = models.train_case("gpt_scan", "tiny")
+    expected = jax.jit(case.train_step)(*case.args)
+    plan_ = autoshard.plan(case.train_step, *case.args, mesh=mesh_2d, cache=False,
+                           progress=False, pipeline="data", microbatches=4)
+    assert plan_.pipeline.layers == 2 and plan_.pipeline.stages == 2
+    got = plan_.jit()(*case.args)
+    for e, g in zip(jax.tree.leaves(expected), jax.tree.leaves(got)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=case.rtol, atol=case.atol)
