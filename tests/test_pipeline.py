@@ -276,3 +276,16 @@ def test_zoo_gpt_scan_pipelined_matches_single_device(mesh_2d):
     got = plan_.jit()(*case.args)
     for e, g in zip(jax.tree.leaves(expected), jax.tree.leaves(got)):
         np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=case.rtol, atol=case.atol)
+
+
+def test_schedule_view_shows_the_bubble():
+    from autoshard import viz
+    from autoshard.pipeline import Pipelining
+    view = viz.schedule(Pipelining("data", stages=2, microbatches=3, layers=4))
+    assert [view.cells(r) for r in view.rows()] == [["0", "0", "1", "2", "."],
+                                                    ["1", ".", "0", "1", "2"]]
+    assert "bubble (S-1)/(M+S-1) = 25.0%" in view.caption and "│ 1     │ .  │ 0" in view.text()
+    fig = view.plot()
+    assert len(fig.axes[0].collections) == 6   # one box per (stage, microbatch)
+    with pytest.raises(autoshard.PlanError, match="pipelined plan"):
+        viz.schedule(None)
