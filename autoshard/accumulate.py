@@ -46,6 +46,7 @@ class Microbatching:
     replica_axes: tuple[str, ...] = ()
     replicas: int = 1
     pipeline: Pipelining | None = None   # the layer stack as a pipeline of these microbatches
+    remat: str | None = None   # the stack's layers under jax.checkpoint with this policy
 
 
 @dataclasses.dataclass
@@ -111,11 +112,15 @@ def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0,
             size = batch_size(args, argnums)
             if size is not None:
                 record.batch_sizes.append(size)
-        if setting is not None and setting.pipeline is not None:
+        if setting is not None and (setting.pipeline is not None or setting.remat):
             staged = pipelined(fun, setting.pipeline, _MESH.get(),
                                lambda a: batch_size(a, argnums),
-                               None if record is None else record.stack_layers.append)
-            return jax.value_and_grad(staged, argnums=argnums, has_aux=has_aux)(*args, **kwargs)
+                               None if record is None else record.stack_layers.append,
+                               setting.remat)
+            if setting.pipeline is not None or setting.microbatches == 1:
+                return jax.value_and_grad(staged, argnums=argnums, has_aux=has_aux)(
+                    *args, **kwargs)
+            return accumulated(staged, argnums, has_aux, setting, args, kwargs)
         if setting is None or setting.microbatches == 1:
             return plain(*args, **kwargs)
         return accumulated(fun, argnums, has_aux, setting, args, kwargs)
@@ -207,26 +212,48 @@ def to_microbatches(x, k: int, r: int):
 AUTO_MAX_MICROBATCHES = 64
 
 
-def plan_with_microbatches(plan_fn: Callable, fn: Callable, args, mesh, microbatches):
+def remat_choices(remat) -> list:
+    """The remat policies to weigh: ``"auto"``: none, dots saved, nothing saved."""
+    from autoshard.pipeline import REMAT_POLICIES
+    if remat == "auto":
+        return [None, "dots_saveable", "nothing_saveable"]
+    if remat is not None and remat not in REMAT_POLICIES:
+        raise InputError(f"remat must be None, 'auto' or one of {sorted(REMAT_POLICIES)}, "
+                         f"not {remat!r}")
+    return [remat]
+
+
+def plan_with_microbatches(plan_fn: Callable, fn: Callable, args, mesh, microbatches,
+                           remat=None):
     """The plan of ``fn`` with its marked loss accumulated over ``microbatches`` (an int K,
-    or ``"auto"``: the fastest plan within the budget over K = 1, 2, 4, ...).
+    or ``"auto"``: the fastest plan within the budget over K = 1, 2, 4, ...), its layer
+    stack rematerialized as ``remat`` says (``"auto"``: each policy and none, jointly).
 
     ``plan_fn(fn, *args)`` plans one traced program (``autoshard.plan`` with the caller's
     options). The replica axes are those the plan without microbatches splits the batch
     over; when that plan does not fit, each choice of axes is tried.
     """
     from autoshard.errors import MemoryBudgetError
+    microbatches = 1 if microbatches is None else microbatches
     if microbatches != "auto" and (not isinstance(microbatches, (int, np.integer))
                                    or isinstance(microbatches, bool) or microbatches < 1):
         raise InputError(f"microbatches must be None, a positive int or 'auto', "
                          f"not {microbatches!r}")
+    remats = remat_choices(remat)
     record = TraceRecord()
-    base, failure = None, None
-    with microbatching(None, record):
-        try:
-            base = plan_fn(fn, *args)
-        except MemoryBudgetError as e:
-            failure = e
+    base, failure, best = None, None, None
+    for policy in remats:   # K = 1
+        setting = None if policy is None else Microbatching(1, remat=policy)
+        with microbatching(setting, record):
+            try:
+                candidate = plan_fn(fn, *args)
+            except MemoryBudgetError as e:
+                failure = e
+                continue
+        candidate.microbatching = setting
+        base = base if policy is not None and base is not None else candidate
+        if best is None or candidate.cost.total_s < best.cost.total_s:
+            best = candidate
     if not record.batch_sizes:
         raise InputError("microbatches need a loss marked by autoshard.value_and_grad in "
                          "the program (a function under jax.jit traced before keeps its "
@@ -236,7 +263,8 @@ def plan_with_microbatches(plan_fn: Callable, fn: Callable, args, mesh, microbat
     candidates = replica_candidates(base, size, sizes)
     counts = [int(microbatches)] if microbatches != "auto" else \
         [k for k in (2 ** n for n in range(1, 7)) if k <= AUTO_MAX_MICROBATCHES]
-    best = base if microbatches in ("auto", 1) else None
+    if microbatches not in ("auto", 1):
+        best = None
     if microbatches == 1:
         counts = []
     for k in counts:
@@ -245,16 +273,17 @@ def plan_with_microbatches(plan_fn: Callable, fn: Callable, args, mesh, microbat
             replicas = int(np.prod([sizes[a] for a in axes], dtype=int))
             if size % (k * replicas):
                 continue
-            setting = Microbatching(k, axes, replicas)
-            with microbatching(setting):
-                try:
-                    candidate = plan_fn(fn, *args)
-                except MemoryBudgetError as e:
-                    failure = e
-                    continue
-            candidate.microbatching = setting
-            if found is None or candidate.cost.total_s < found.cost.total_s:
-                found = candidate
+            for policy in remats:
+                setting = Microbatching(k, axes, replicas, remat=policy)
+                with microbatching(setting):
+                    try:
+                        candidate = plan_fn(fn, *args)
+                    except MemoryBudgetError as e:
+                        failure = e
+                        continue
+                candidate.microbatching = setting
+                if found is None or candidate.cost.total_s < found.cost.total_s:
+                    found = candidate
         if found is not None and (best is None or found.cost.total_s < best.cost.total_s):
             best = found
         elif found is not None and microbatches == "auto":
@@ -280,7 +309,7 @@ def replica_candidates(base, size: int, sizes: dict) -> list[tuple[str, ...]]:
 
 
 def plan_with_pipeline(plan_fn: Callable, fn: Callable, args, mesh, pipeline: str,
-                       microbatches):
+                       microbatches, remat=None):
     """The plan of ``fn`` with its marked loss's layer stack pipelined over mesh axis
     ``pipeline`` (``"auto"``: each axis, and no pipeline), the whole axis a stage each, in
     ``microbatches`` microbatches (``"auto"`` or ``None``: S, 2S and 4S for S stages). The
@@ -299,17 +328,17 @@ def plan_with_pipeline(plan_fn: Callable, fn: Callable, args, mesh, pipeline: st
     best, failure = None, None
     if pipeline == "auto":
         try:
-            best = (plan_fn(fn, *args) if microbatches is None else
-                    plan_with_microbatches(plan_fn, fn, args, mesh, microbatches))
+            best = plan_with_microbatches(plan_fn, fn, args, mesh, microbatches, remat)
         except MemoryBudgetError as e:
             failure = e
     for axis in axes:
         stages = sizes[axis]
         counts = ([int(microbatches)] if microbatches not in (None, "auto")
                   else [stages, 2 * stages, 4 * stages])
-        for count in counts:
+        for count, policy in [(c, r) for c in counts for r in remat_choices(remat)]:
             record = TraceRecord()
-            setting = Microbatching(count, pipeline=Pipelining(axis, stages, count))
+            setting = Microbatching(count, pipeline=Pipelining(axis, stages, count),
+                                    remat=policy)
             with microbatching(setting, record, mesh):
                 try:
                     candidate = plan_fn(fn, *args)
@@ -317,7 +346,7 @@ def plan_with_pipeline(plan_fn: Callable, fn: Callable, args, mesh, pipeline: st
                     failure = e
                     continue
                 except InputError:
-                    if pipeline == "auto" or counts != [count]:
+                    if pipeline == "auto" or len(counts) > 1:
                         continue   # no stack these stages and microbatches divide
                     raise
             layers = record.stack_layers[0] if record.stack_layers else 0

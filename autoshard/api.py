@@ -232,7 +232,7 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
          reuse: bool = True, cache: bool = True,
          cache_directory: str | os.PathLike | None = None,
          progress: bool | None = None, microbatches: int | str | None = None,
-         pipeline: str | None = None) -> Plan:
+         pipeline: str | None = None, remat: str | None = None) -> Plan:
     """Plan how to shard ``fn`` at ``args`` over ``mesh``.
 
     Args:
@@ -262,6 +262,9 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
         over stacked layers) as a GPipe pipeline over, a stage per device of that axis, in
         ``microbatches`` microbatches; ``"auto"`` also weighs each axis against no
         pipeline. See ``plan.pipeline``.
+      remat: the marked loss's layer stack under ``jax.checkpoint``: ``"dots_saveable"``
+        (keep dot outputs), ``"nothing_saveable"`` (recompute all), or ``"auto"`` (each and
+        neither, priced jointly with ``microbatches`` and ``pipeline``).
 
     Example::
 
@@ -269,15 +272,16 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
         plan = autoshard.plan(train_step, params, batch, mesh=mesh)
         new_params, loss = plan.jit()(params, batch)
     """
-    if microbatches is not None or pipeline is not None:
+    if microbatches is not None or pipeline is not None or remat is not None:
         from autoshard.accumulate import plan_with_microbatches, plan_with_pipeline
         one = functools.partial(plan, mesh=mesh, hardware=hardware, memory_budget=memory_budget,
                                 pins=pins, donate_argnums=donate_argnums,
                                 time_limit_s=time_limit_s, reuse=reuse, cache=cache,
                                 cache_directory=cache_directory, progress=progress)
         if pipeline is not None:
-            return plan_with_pipeline(one, fn, args, as_auto_mesh(mesh), pipeline, microbatches)
-        return plan_with_microbatches(one, fn, args, as_auto_mesh(mesh), microbatches)
+            return plan_with_pipeline(one, fn, args, as_auto_mesh(mesh), pipeline, microbatches,
+                                      remat)
+        return plan_with_microbatches(one, fn, args, as_auto_mesh(mesh), microbatches, remat)
     started = time.perf_counter()
     mesh = as_auto_mesh(mesh)
     hw = hardware or H100

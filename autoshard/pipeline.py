@@ -102,15 +102,31 @@ def stack_scan(jaxpr, batch: int, stages: int, microbatches: int):
     return best
 
 
-def pipelined(fun: Callable, setting: Pipelining, mesh, batch_of: Callable,
-              found: Callable | None = None) -> Callable:
-    """``fun`` with its layer stack run as ``setting``'s pipeline. ``batch_of(args)`` gives
-    the batch's row count; ``found(layers)`` hears how many layers the stack has.
+REMAT_POLICIES = {"nothing_saveable": jax.checkpoint_policies.nothing_saveable,
+                  "dots_saveable": jax.checkpoint_policies.dots_saveable}
+
+
+def remat_layer(layer: Callable, remat: str | None) -> Callable:
+    """``layer`` under ``jax.checkpoint`` with policy ``remat`` (None: as it is)."""
+    if remat is None:
+        return layer
+    if remat not in REMAT_POLICIES:
+        raise InputError(f"remat must be None, 'auto' or one of {sorted(REMAT_POLICIES)}, "
+                         f"not {remat!r}")
+    return jax.checkpoint(layer, policy=REMAT_POLICIES[remat])
+
+
+def pipelined(fun: Callable, setting: Pipelining | None, mesh, batch_of: Callable,
+              found: Callable | None = None, remat: str | None = None) -> Callable:
+    """``fun`` with its layer stack run as ``setting``'s pipeline (None: as a scan), each
+    layer rematerialized as ``remat`` says. ``batch_of(args)`` gives the batch's row count;
+    ``found(layers)`` hears how many layers the stack has.
 
     A jaxpr holds its shapes, so the stack's layer is traced again on one microbatch:
     ``fun`` at arguments whose batch leaves have B / M rows gives the scan body the stages
     run, and tells which of the scan's operands are batch-shaped (their shapes differ).
     """
+    stages, count = (1, 1) if setting is None else (setting.stages, setting.microbatches)
 
     def run(*args, **kwargs):
         flat, tree = jax.tree.flatten(args)
@@ -119,32 +135,38 @@ def pipelined(fun: Callable, setting: Pipelining, mesh, batch_of: Callable,
             return fun(*jax.tree.unflatten(tree, f), **kwargs)
         closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*flat)
         batch = batch_of(args)
-        target = stack_scan(closed.jaxpr, batch, setting.stages, setting.microbatches)
+        target = stack_scan(closed.jaxpr, batch, stages, count)
         if target is None:
             raise InputError(
-                f"no layer stack to pipeline: the marked loss has no lax.scan over stacked "
-                f"layers whose length {setting.stages} stages divide and whose carry holds "
-                f"the batch of {batch} rows in {setting.microbatches} microbatches")
-        rows = batch // setting.microbatches
-        micro_args = [jax.ShapeDtypeStruct((rows,) + tuple(jnp.shape(x)[1:]), x.dtype)
-                      if jnp.ndim(x) >= 1 and jnp.shape(x)[0] == batch else x for x in flat]
-        micro = jax.make_jaxpr(flat_fun)(*micro_args)
-        index = [id(e) for e in layer_scans(closed.jaxpr)].index(id(target))
-        micro_target = layer_scans(micro.jaxpr)[index]
+                f"no layer stack to {'pipeline' if setting else 'rematerialize'}: the marked "
+                f"loss has no lax.scan over stacked layers whose length {stages} stages "
+                f"divide and whose carry holds the batch of {batch} rows in {count} "
+                "microbatches")
+        micro_target = None
+        if setting is not None:
+            rows = batch // count
+            micro_args = [jax.ShapeDtypeStruct((rows,) + tuple(jnp.shape(x)[1:]), x.dtype)
+                          if jnp.ndim(x) >= 1 and jnp.shape(x)[0] == batch else x
+                          for x in flat]
+            micro = jax.make_jaxpr(flat_fun)(*micro_args)
+            index = [id(e) for e in layer_scans(closed.jaxpr)].index(id(target))
+            micro_target = layer_scans(micro.jaxpr)[index]
         if found is not None:
             found(target.params["length"])
-        outs = Interpreter(target, micro_target, setting, mesh).run(
+        outs = Interpreter(target, micro_target, setting, mesh, remat).run(
             closed.jaxpr, closed.consts, flat)
         return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
     return run
 
 
 class Interpreter:
-    """``eval_jaxpr`` with one scan equation replaced by the pipeline."""
+    """``eval_jaxpr`` with one scan equation replaced by the pipeline, or by the same scan
+    with its layer rematerialized."""
 
-    def __init__(self, target, micro_target, setting: Pipelining, mesh):
+    def __init__(self, target, micro_target, setting: Pipelining | None, mesh,
+                 remat: str | None = None):
         self.target, self.micro_target = target, micro_target
-        self.setting, self.mesh = setting, mesh
+        self.setting, self.mesh, self.remat = setting, mesh, remat
 
     def run(self, jaxpr, consts, args) -> list:
         env = dict(zip(jaxpr.constvars, consts))
@@ -161,7 +183,7 @@ class Interpreter:
     def eqn(self, eqn, ins) -> list:
         name = eqn.primitive.name
         if eqn is self.target:
-            return self.pipeline(eqn, ins)
+            return self.pipeline(eqn, ins) if self.setting else self.remat_scan(eqn, ins)
         if name in INLINED:
             inner, consts = split_closed(eqn.params[INLINED[name]])
             body = lambda *a: self.run(inner, consts, a)  # noqa: E731
@@ -171,6 +193,24 @@ class Interpreter:
             return list(body(*ins))
         outs = eqn.primitive.bind(*ins, **eqn.params)
         return list(outs) if eqn.primitive.multiple_results else [outs]
+
+    def remat_scan(self, eqn, ins) -> list:
+        """The scan as written, its body under ``jax.checkpoint``."""
+        p = eqn.params
+        body, body_consts = split_closed(p["jaxpr"])
+        nc, ncarry = p["num_consts"], p["num_carry"]
+        consts, init, xs = ins[:nc], ins[nc:nc + ncarry], ins[nc + ncarry:]
+
+        def layer(carry, x):
+            return jax.core.eval_jaxpr(body, body_consts, *consts, *carry, *x)
+        layer = remat_layer(layer, self.remat)
+
+        def step(carry, x):
+            outs = layer(carry, x)
+            return outs[:ncarry], outs[ncarry:]
+        final, ys = lax.scan(step, list(init), list(xs), length=p["length"],
+                             unroll=p["unroll"])
+        return [*final, *ys]
 
     def constrain_stages(self, x):
         """``x``'s leading (stage) dim on the stage axis, its other dims left free."""
@@ -205,8 +245,10 @@ class Interpreter:
                 all_consts[k] = consts[k]
 
             def layer(c, x):
-                return jax.core.eval_jaxpr(body, body_consts, *all_consts, *c, *x), None
-            final, _ = lax.scan(layer, list(carry), list(stage_layers))
+                return jax.core.eval_jaxpr(body, body_consts, *all_consts, *c, *x)
+            layer = remat_layer(layer, self.remat)
+            final, _ = lax.scan(lambda c, x: (layer(c, x), None), list(carry),
+                                list(stage_layers))
             return list(final) + list(ride)
 
         buffer = [self.constrain_stages(jnp.zeros((s,) + t.shape[1:], t.dtype))

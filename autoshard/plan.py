@@ -262,12 +262,15 @@ class Plan:
                          f"memory {_human_bytes(c.memory_bytes)}")
         if self.pipeline is not None:
             table.caption += "\n" + self.pipeline.describe()
-        elif self.microbatching is not None:
+        elif self.microbatching is not None and self.microbatching.microbatches > 1:
             m = self.microbatching
             replicas = f"{m.replicas} replica" + "s" * (m.replicas != 1)
             table.caption += (f"\n{m.microbatches} microbatches, each split over "
                               f"{', '.join(m.replica_axes) or 'no axis'} ({replicas}); "
                               "gradients reduced once per step")
+        if self.microbatching is not None and self.microbatching.remat:
+            table.caption += (f"\nlayer stack rematerialized: jax.checkpoint(policy="
+                              f"{self.microbatching.remat})")
         return table
 
     def summary_text(self, width: int = 120) -> str:
@@ -376,7 +379,7 @@ class Plan:
             m = d["microbatching"]
             staged = Pipelining(**m["pipeline"]) if m.get("pipeline") else None
             plan_.microbatching = Microbatching(m["microbatches"], tuple(m["replica_axes"]),
-                                                m["replicas"], staged)
+                                                m["replicas"], staged, m.get("remat"))
         return plan_
 
     def __repr__(self) -> str:

@@ -289,3 +289,38 @@ def test_schedule_view_shows_the_bubble():
     assert len(fig.axes[0].collections) == 6   # one box per (stage, microbatch)
     with pytest.raises(autoshard.PlanError, match="pipelined plan"):
         viz.schedule(None)
+
+
+# -- rematerialization ---------------------------------------------------------------------
+
+def test_remat_trades_recompute_for_memory_and_matches(stack_args, mesh_1d):
+    """Saving only dot outputs, then nothing, keeps less for the backward pass (predicted
+    and compiled) and recomputes more (compiled FLOPs)."""
+    expected = jax.jit(stack_step)(*stack_args)
+    plans = [plan_stack(stack_args, mesh_1d, **({"remat": r} if r else {}))
+             for r in (None, "dots_saveable", "nothing_saveable")]
+    reports = [compiled_report(p, stack_args) for p in plans]
+    for p in plans:
+        assert_matches(p.jit()(*stack_args), expected)
+    assert plans[0].microbatching is None
+    assert [p.microbatching.remat for p in plans[1:]] == ["dots_saveable", "nothing_saveable"]
+    predicted = [p.cost.memory_bytes for p in plans]
+    compiled = [r.memory_bytes for r in reports]
+    assert predicted[0] > predicted[1] > predicted[2]
+    assert compiled[0] > compiled[1] > compiled[2]
+    assert reports[2].flops > reports[0].flops
+    assert "jax.checkpoint(policy=nothing_saveable)" in plans[2].summary_text()
+
+
+def test_auto_remat_and_microbatches_fit_a_tight_budget(stack_args, mesh_1d):
+    expected = jax.jit(stack_step)(*stack_args)
+    budget = 0.8 * plan_stack(stack_args, mesh_1d, remat="dots_saveable").cost.memory_bytes
+    plan_ = plan_stack(stack_args, mesh_1d, memory_budget=budget, microbatches="auto",
+                       remat="auto")
+    assert plan_.cost.memory_bytes <= budget
+    for fixed in ({"remat": "nothing_saveable"}, {"microbatches": 2}):   # each fits alone
+        other = plan_stack(stack_args, mesh_1d, memory_budget=budget, **fixed)
+        assert plan_.cost.total_s <= other.cost.total_s * (1 + 1e-9)
+    assert_matches(plan_.jit()(*stack_args), expected)
+    with pytest.raises(autoshard.InputError, match="remat"):
+        plan_stack(stack_args, mesh_1d, remat="everything")
