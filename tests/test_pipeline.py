@@ -324,3 +324,16 @@ def test_auto_remat_and_microbatches_fit_a_tight_budget(stack_args, mesh_1d):
     assert_matches(plan_.jit()(*stack_args), expected)
     with pytest.raises(autoshard.InputError, match="remat"):
         plan_stack(stack_args, mesh_1d, remat="everything")
+
+
+@pytest.mark.slow
+def test_hand_written_gpipe_expert_matches_single_device(mesh_2d):
+    from autoshard import experts, models
+    case = models.train_case("gpt_scan", "tiny")
+    expected = jax.jit(case.train_step)(*case.args)
+    step = experts.jit_gpipe(case, mesh_2d, microbatches=4, donate=False)
+    got = step(*case.args)
+    for e, g in zip(jax.tree.leaves(expected), jax.tree.leaves(got)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=case.rtol, atol=case.atol)
+    hlo = step.lower(*case.args).compile().as_text()
+    assert "collective-permute" in hlo
