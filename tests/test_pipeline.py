@@ -337,3 +337,11 @@ def test_hand_written_gpipe_expert_matches_single_device(mesh_2d):
         np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=case.rtol, atol=case.atol)
     hlo = step.lower(*case.args).compile().as_text()
     assert "collective-permute" in hlo
+
+
+def test_cli_microbatches_option():
+    from autoshard.cli import CliError, parse_microbatches
+    assert parse_microbatches("auto") == "auto" and parse_microbatches("4") == 4
+    for bad in ("0", "-1", "two", "2.5"):
+        with pytest.raises(CliError, match="--microbatches"):
+            parse_microbatches(bad)
