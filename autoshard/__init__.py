@@ -6,6 +6,7 @@
     step = plan.jit(donate_argnums=(0, 1))
 """
 
+from autoshard.accumulate import value_and_grad
 from autoshard.api import AutoSharded, auto_shard, plan
 from autoshard.errors import (AutoshardError, HardwareError, InputError, LaunchError,
                               MemoryBudgetError, MeshError, OptionError, PathError, PinError,
@@ -16,5 +17,6 @@ from autoshard.plan import Plan, PlanCost
 
 __all__ = ["AutoSharded", "AutoshardError", "H100", "Hardware", "HardwareError", "InputError",
            "LaunchError", "MemoryBudgetError", "MeshError", "OptionError", "PathError", "PinError",
-           "Plan", "PlanCost", "PlanError", "TraceError", "auto_shard", "make_mesh", "plan"]
+           "Plan", "PlanCost", "PlanError", "TraceError", "auto_shard", "make_mesh", "plan",
+           "value_and_grad"]
 __version__ = "0.1.0"

@@ -16,6 +16,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
 from autoshard import specs, validate
+from autoshard.accumulate import active_pipeline
 from autoshard.apply import Decision
 from autoshard.breakdown import cost_breakdown, memory_parts
 from autoshard.cache import PLANS, cache_dir, plan_key
@@ -25,6 +26,7 @@ from autoshard.errors import MemoryBudgetError, PinError
 from autoshard.hardware import H100, Hardware
 from autoshard.mesh import as_auto_mesh, axis_sizes
 from autoshard.plan import ArgumentInfo, Plan, PlanCost, program_fingerprint
+from autoshard.pipeline import constraint_pins
 from autoshard.progress import PlanProgress
 from autoshard.solve import InfeasibleBudget, Request, evaluate, shared_edge_marks, solve
 from autoshard.strategies import build_strategies
@@ -264,7 +266,8 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
          donate_argnums: Sequence[int] = (), time_limit_s: float = 60.0,
          reuse: bool = True, cache: bool = True,
          cache_directory: str | os.PathLike | None = None,
-         progress: bool | None = None) -> Plan:
+         progress: bool | None = None, microbatches: int | str | None = None,
+         pipeline: str | None = None, remat: str | None = None) -> Plan:
     """Plan how to shard ``fn`` at ``args`` over ``mesh``.
 
     Args:
@@ -286,6 +289,17 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
         ``AUTOSHARD_CACHE_DIR`` environment variable; none if unset).
       progress: show the planning stages on the terminal when planning takes more than a
         second (default: when stderr is a terminal).
+      microbatches: gradient accumulation for a loss marked by ``autoshard.value_and_grad``:
+        ``K`` runs it as a loop over K microbatches whose gradients are reduced once per
+        step; ``"auto"`` takes the fastest K within the budget; ``None`` (default) plans
+        the program as written.
+      pipeline: a mesh axis to run the marked loss's layer stack (its longest ``lax.scan``
+        over stacked layers) as a GPipe pipeline over, a stage per device of that axis, in
+        ``microbatches`` microbatches; ``"auto"`` also weighs each axis against no
+        pipeline. See ``plan.pipeline``.
+      remat: the marked loss's layer stack under ``jax.checkpoint``: ``"dots_saveable"``
+        (keep dot outputs), ``"nothing_saveable"`` (recompute all), or ``"auto"`` (each and
+        neither, priced jointly with ``microbatches`` and ``pipeline``).
 
     Example::
 
@@ -293,12 +307,22 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
         plan = autoshard.plan(train_step, params, batch, mesh=mesh)
         new_params, loss = plan.jit()(params, batch)
     """
-    started = time.perf_counter()
     validate.function(fn)
     validate.plan_options(mesh=mesh, hardware=hardware, memory_budget=memory_budget, pins=pins,
                           donate_argnums=donate_argnums, time_limit_s=time_limit_s, reuse=reuse,
                           cache=cache, cache_directory=cache_directory, progress=progress,
                           num_args=len(args))
+    if microbatches is not None or pipeline is not None or remat is not None:
+        from autoshard.accumulate import plan_with_microbatches, plan_with_pipeline
+        one = functools.partial(plan, mesh=mesh, hardware=hardware, memory_budget=memory_budget,
+                                pins=pins, donate_argnums=donate_argnums,
+                                time_limit_s=time_limit_s, reuse=reuse, cache=cache,
+                                cache_directory=cache_directory, progress=progress)
+        if pipeline is not None:
+            return plan_with_pipeline(one, fn, args, as_auto_mesh(mesh), pipeline, microbatches,
+                                      remat)
+        return plan_with_microbatches(one, fn, args, as_auto_mesh(mesh), microbatches, remat)
+    started = time.perf_counter()
     donate_argnums = validate.argnums("donate_argnums", donate_argnums)
     mesh = as_auto_mesh(mesh)
     hw = hardware or H100
@@ -341,6 +365,8 @@ def solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s,
     traced = time.perf_counter()
     show.stage(f"enumerating strategies for {len(graph.nodes)} nodes")
     pinned = resolve_pins(pins, graph, sizes)
+    if active_pipeline() is not None:   # the stage dims the pipeline put on its axis
+        pinned.update(constraint_pins(graph, active_pipeline().axis))
     donated = donated_pairs(graph, tuple(donate_argnums))
     pinned = pin_donated_arguments(graph, pinned, donated)
     space = build_strategies(graph, sizes, hw, pinned, combined_collectives(mesh))

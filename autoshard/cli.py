@@ -235,7 +235,8 @@ def start_backend(count: int):
 def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | None,
             memory_budget: str | None, save_plan: Path | None, axes: str | None,
             respect_annotations: bool, seed: int, checkpoint_dir: Path | None = None,
-            checkpoint_every: int = 0, resume: bool = False) -> None:
+            checkpoint_every: int = 0, resume: bool = False,
+            microbatches: str | None = None, pipeline: str | None = None) -> None:
     global _quiet
     shape, names = parse_mesh(mesh_text, axes)
     count = math.prod(shape)
@@ -283,6 +284,10 @@ def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | N
     plan_kwargs = dict(mesh=mesh, hardware=hw, memory_budget=budget,
                        donate_argnums=case.donate_argnums,
                        pins=pins if respect_annotations else None)
+    if microbatches is not None:
+        plan_kwargs["microbatches"] = parse_microbatches(microbatches)
+    if pipeline is not None:
+        plan_kwargs["pipeline"] = pipeline
     if multi:      # the state must come out as it went in; every process takes process 0's plan
         plan = distributed.plan_train_step(case.train_step, *case.args, **plan_kwargs)
     else:
@@ -291,6 +296,9 @@ def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | N
     say(f"      trace {s.get('trace_s', 0):.1f} s, cost {s.get('cost_s', 0):.1f} s, "
         f"solve {s.get('solve_s', 0):.1f} s ({s.get('status', '')})")
     say(plan.summary_text())
+    if plan.pipeline is not None:
+        from autoshard import viz
+        say(viz.schedule(plan).text())
     if pins and not respect_annotations:
         diff = annotation_diff(plan, pins)
         say(f"annotated vs auto plan: {len(diff)} of {len(pins)} annotated params "
@@ -377,6 +385,10 @@ def zoo(
     resume: bool = typer.Option(
         False, "--resume", help="continue from the latest complete checkpoint in "
                                 "--checkpoint-dir"),
+    microbatches: Optional[str] = typer.Option(
+        None, help="gradient accumulation: a count K or 'auto' (fastest K within the budget)"),
+    pipeline: Optional[str] = typer.Option(
+        None, help="run the layer stack as a GPipe pipeline over this mesh axis, or 'auto'"),
 ):
     """Plan, compare, train and check a zoo model on a (simulated) device mesh."""
     if list_models_:
@@ -385,7 +397,17 @@ def zoo(
     if model is None:
         raise CliError("name a model (see autoshard zoo --list)")
     run_zoo(model, size, mesh, steps, hardware, memory_budget, save_plan, axes,
-            respect_annotations, seed, checkpoint_dir, checkpoint_every, resume)
+            respect_annotations, seed, checkpoint_dir, checkpoint_every, resume,
+            microbatches, pipeline)
+
+
+def parse_microbatches(text: str) -> int | str:
+    """``--microbatches``: a positive count or ``auto``."""
+    if text == "auto":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise CliError(f"--microbatches takes a positive count or 'auto', not {text!r}")
+    return int(text)
 
 
 @app.command(context_settings={"allow_interspersed_args": False,

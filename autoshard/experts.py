@@ -37,7 +37,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 __all__ = [
     "BATCH", "DATA", "MODEL", "Rule", "compile_expert", "data_parallel", "expert_parallel",
     "fit_spec", "fsdp", "fsdp_tp", "inspect_expert", "jit_expert", "largest_dim_spec",
-    "leaf_paths", "megatron", "resolve_spec", "role_axes", "shardings_from_rules",
+    "jit_gpipe", "leaf_paths", "megatron", "resolve_spec", "role_axes", "shardings_from_rules",
     "standard_experts",
 ]
 
@@ -293,3 +293,34 @@ def inspect_expert(case, mesh: Mesh, name: str, hardware=None, args: tuple | Non
     from autoshard.hardware import H100
     from autoshard.inspect import inspect
     return inspect(compile_expert(case, mesh, name, args), hardware or H100, mesh)
+
+
+def jit_gpipe(case, mesh: Mesh, microbatches: int, stage_axis: str | None = None,
+              stack: str = r"\['blocks'\]", donate: bool = True):
+    """A hand-written GSPMD pipeline of a case whose loss is marked by
+    ``autoshard.value_and_grad`` and scans a layer stack (``gpt_scan``): the stack's
+    leaves (paths matching ``stack``) split on their layer dim over ``stage_axis`` (default:
+    the first mesh axis, the one across nodes), the rest replicated, the batch split over
+    the other axes (data parallel inside a stage), GPipe over ``microbatches``.
+
+    Example::
+
+        compiled = experts.jit_gpipe(case, mesh, microbatches=8).lower(*args).compile()
+    """
+    from autoshard.accumulate import Microbatching, microbatching
+    from autoshard.pipeline import Pipelining
+    stage_axis = stage_axis or mesh.axis_names[0]
+    stages = axis_sizes(mesh)[stage_axis]
+    inner = tuple(a for a in mesh.axis_names if a != stage_axis) or None
+    setting = Microbatching(microbatches, pipeline=Pipelining(stage_axis, stages, microbatches))
+    state, batch = case.args
+    state_sh = shardings_from_rules(state, mesh, [(stack, P(stage_axis))], prefix="state")
+    batch_sh = shardings_from_rules(batch, mesh, [], prefix="batch", default=P(inner))
+
+    def step(*args):
+        with microbatching(setting, mesh=mesh):
+            return case.train_step(*args)
+
+    return jax.jit(step, in_shardings=(state_sh, batch_sh),
+                   out_shardings=(state_sh, NamedSharding(mesh, P())),
+                   donate_argnums=tuple(case.donate_argnums) if donate else ())

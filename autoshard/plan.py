@@ -172,6 +172,13 @@ class Plan:
         self._program = program   # (closed_jaxpr, in_tree, out_tree) when planned here
         self.breakdown = tuple(breakdown)          # CostItem per (group, layer)
         self.memory_parts = dict(memory_parts or {})  # arguments/outputs/temporaries bytes
+        self.microbatching = None   # accumulate.Microbatching when planned with microbatches
+
+    @property
+    def pipeline(self):
+        """The pipeline the layer stack runs as (``autoshard.pipeline.Pipelining``: stage
+        axis, stages, layers per stage, microbatches, schedule, bubble fraction), or None."""
+        return None if self.microbatching is None else self.microbatching.pipeline
 
     # -- shardings ---------------------------------------------------------------------
     def _sharding(self, spec: Spec) -> NamedSharding:
@@ -201,6 +208,7 @@ class Plan:
 
     def bind(self, fn, *args) -> "Plan":
         """Attach the program to a plan loaded from JSON; checks it is the same program."""
+        from autoshard.accumulate import microbatching
         from autoshard.trace import flatten_args
         validate.function(fn)
         leaves, _, in_tree = flatten_args(fn, args)
@@ -213,7 +221,7 @@ class Plan:
 
         def flat_fn(*flat):
             return fn(*jax.tree_util.tree_unflatten(in_tree, flat))
-        with validate.tracing(fn):
+        with validate.tracing(fn), microbatching(self.microbatching, mesh=self.mesh):
             closed, out_shapes = jax.make_jaxpr(flat_fn, return_shape=True)(*leaves)
         found = program_fingerprint(closed, leaves)
         if found != self.fingerprint:
@@ -262,6 +270,17 @@ class Plan:
         table.caption = (f"predicted per device: compute {c.compute_s * 1e3:.3f} ms, "
                          f"comm {c.comm_s * 1e3:.3f} ms, total {c.total_s * 1e3:.3f} ms, "
                          f"memory {_human_bytes(c.memory_bytes)}")
+        if self.pipeline is not None:
+            table.caption += "\n" + self.pipeline.describe()
+        elif self.microbatching is not None and self.microbatching.microbatches > 1:
+            m = self.microbatching
+            replicas = f"{m.replicas} replica" + "s" * (m.replicas != 1)
+            table.caption += (f"\n{m.microbatches} microbatches, each split over "
+                              f"{', '.join(m.replica_axes) or 'no axis'} ({replicas}); "
+                              "gradients reduced once per step")
+        if self.microbatching is not None and self.microbatching.remat:
+            table.caption += (f"\nlayer stack rematerialized: jax.checkpoint(policy="
+                              f"{self.microbatching.remat})")
         return table
 
     def summary_text(self, width: int = 120) -> str:
@@ -336,6 +355,8 @@ class Plan:
             "solver": self.solver,
             "breakdown": [item.to_dict() for item in self.breakdown],
             "memory_parts": self.memory_parts,
+            **({"microbatching": dataclasses.asdict(self.microbatching)}
+               if self.microbatching is not None else {}),
         }
 
     def to_json(self, indent: int | None = 1) -> str:
@@ -373,7 +394,7 @@ class Plan:
             for spec in list(x["in"]) + list(x["out"]):
                 validate.spec_axes(f"plan decision at {x['key']}", spec, mesh.axis_names)
         hw = d["hardware"]
-        return cls(
+        plan_ = cls(
             mesh=mesh, hardware=Hardware.from_dict(hw),
             arguments=[ArgumentInfo(a["path"], tuple(a["shape"]), a["dtype"],
                                     spec_from_json(a["spec"]),
@@ -388,6 +409,14 @@ class Plan:
             solver=d.get("solver"),
             breakdown=[CostItem.from_dict(x) for x in d.get("breakdown", ())],
             memory_parts=d.get("memory_parts"))
+        if d.get("microbatching"):
+            from autoshard.accumulate import Microbatching
+            from autoshard.pipeline import Pipelining
+            m = d["microbatching"]
+            staged = Pipelining(**m["pipeline"]) if m.get("pipeline") else None
+            plan_.microbatching = Microbatching(m["microbatches"], tuple(m["replica_axes"]),
+                                                m["replicas"], staged, m.get("remat"))
+        return plan_
 
     def __repr__(self) -> str:
         c = self.cost

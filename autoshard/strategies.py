@@ -449,11 +449,17 @@ def node_strategies(node: Node, einsum: Einsum, out_values, pin: Spec | None,
     found = einsum_strategies(node, einsum, [v.shape for v in out_values],
                               [v.dtype for v in out_values], ctx)
     if pin is not None:  # filter before prune's cap, so a pinned spec survives it
-        found = [s for s in found if s.out_specs[0] == pin]
+        found = [s for s in found if specs_match(s.out_specs[0], pin)]
         if not found:
             raise PinError(f"pin {node.label!r}: {specs.spec_str(pin)} is not a spec this "
                            "result can be produced in (axes sharing a dim go in mesh order)")
     return prune(found)
+
+
+def specs_match(spec: Spec, pin) -> bool:
+    """``spec`` is ``pin``, where a pin's ``None`` dims (left to the planner) take any axes."""
+    return spec == pin or len(spec) == len(pin) and all(
+        p is None or p == d for d, p in zip(spec, pin))
 
 
 def hashable(value):

@@ -14,6 +14,7 @@ Example::
     viz.diff(plan, expert_in_shardings)      # where two plans differ
     viz.what_if(train_step, *args).plot()    # 1x8, 2x4, 4x2, 8x1 meshes side by side
     viz.sharding(plan, "params['embed']")    # which device holds which block
+    viz.schedule(pipelined_plan).plot()      # microbatches per stage over time, the bubble
     print(viz.explain(plan, "params['embed']"))
 
 Views work on plans of abstract (``jax.ShapeDtypeStruct``) arguments and on plans loaded
@@ -253,6 +254,70 @@ def table(plan: Plan) -> TableView:
         print(viz.table(plan))     # text in a terminal
     """
     return TableView(plan)
+
+
+# -- pipeline schedule ------------------------------------------------------------------------
+
+class ScheduleView(View):
+    """A pipeline's schedule: per stage, the microbatch it runs at each loop step (forward
+    pass; the backward pass runs the same grid in reverse). ``.`` is the bubble."""
+
+    right_aligned = ()
+
+    def __init__(self, pipeline):
+        self.pipeline = pipeline
+        p = pipeline
+        self.columns = ("stage",) + tuple(f"t{t}" for t in range(p.iterations))
+        self.title = (f"{p.schedule} pipeline over {p.axis!r}: {p.stages} stages x "
+                      f"{p.layers_per_stage} layers, {p.microbatches} microbatches")
+        self.caption = (f"{p.iterations} steps; bubble (S-1)/(M+S-1) = "
+                        f"{p.bubble_fraction:.1%} of each stage's time")
+
+    def rows(self) -> list[dict]:
+        p = self.pipeline
+        return [{"stage": s, "work": [p.busy(s, t) for t in range(p.iterations)]}
+                for s in range(p.stages)]
+
+    def cells(self, row: dict) -> list[str]:
+        return [str(row["stage"])] + ["." if m is None else str(m) for m in row["work"]]
+
+    def plot(self):
+        """Stages down, loop steps across; a box per microbatch, the bubble left empty."""
+        import matplotlib
+        p = self.pipeline
+        fig, (ax,) = new_figure(max(4.0, 0.45 * p.iterations + 1.5), 0.5 * p.stages + 1.4)
+        colors = matplotlib.colormaps["tab20"]
+        for row in self.rows():
+            for t, m in enumerate(row["work"]):
+                if m is None:
+                    continue
+                ax.broken_barh([(t, 0.95)], (row["stage"] - 0.45, 0.9),
+                               facecolors=colors(m % 20))
+                ax.text(t + 0.47, row["stage"], str(m), ha="center", va="center", fontsize=8)
+        ax.set_xlim(0, p.iterations)
+        ax.set_ylim(p.stages - 0.5, -0.5)
+        ax.set_yticks(range(p.stages))
+        ax.set_xlabel("loop step (forward)")
+        ax.set_ylabel(f"stage (mesh axis {p.axis!r})")
+        ax.set_title(f"{self.title}\nbubble {p.bubble_fraction:.1%} (empty cells)",
+                     fontsize=9)
+        return fig
+
+
+def schedule(plan) -> ScheduleView:
+    """The schedule of a pipelined plan (or of an ``autoshard.pipeline.Pipelining``).
+
+    Example::
+
+        plan = autoshard.plan(train_step, *args, mesh=mesh, pipeline="data", microbatches=8)
+        print(viz.schedule(plan))        # stages x steps, microbatch numbers, '.' = bubble
+        viz.schedule(plan).plot()
+    """
+    pipeline = plan.pipeline if isinstance(plan, Plan) else plan
+    if pipeline is None or not hasattr(pipeline, "busy"):
+        raise PlanError("viz.schedule needs a pipelined plan (autoshard.plan(..., "
+                        "pipeline=...)) or a Pipelining")
+    return ScheduleView(pipeline)
 
 
 # -- cost breakdown ---------------------------------------------------------------------------

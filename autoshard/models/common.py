@@ -18,6 +18,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from autoshard.accumulate import value_and_grad
 from autoshard.models.case import TrainCase
 
 LossFn = Callable[[nnx.Module, Any], jax.Array]
@@ -97,7 +98,7 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, lo
         return loss, new_stats
 
     def train_step(state, batch):
-        (loss, stats), grads = jax.value_and_grad(loss_and_stats, has_aux=True)(
+        (loss, stats), grads = value_and_grad(loss_and_stats, has_aux=True)(
             state["params"], state.get("batch_stats"), batch)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         new_state = {"params": optax.apply_updates(state["params"], updates),

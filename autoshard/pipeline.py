@@ -1,0 +1,306 @@
+"""pipeline: a marked loss's layer stack rewritten into a GSPMD pipeline (GPipe schedule).
+
+The repeated layers are the loss's ``lax.scan`` over stacked layer weights (``[L, ...]``
+leaves of its ``xs``), the one with the most iterations. The rewrite, before the gradient
+is taken (so autodiff writes the backward pass):
+
+- the stack is reshaped to ``[S, L / S, ...]`` and its stage dim sharded over the stage
+  axis (a ``with_sharding_constraint`` the planner keeps, other dims left to it);
+- the scan's batch-shaped carries and constants (leading dim B) are split into M
+  microbatches ``[M, B / M, ...]``;
+- a loop of M + S - 1 iterations runs one stage step ``vmap``-ed over the S stages: stage
+  s applies its L / S layers to the microbatch it holds; then the buffer ``[S, B / M, ...]``
+  shifts by one stage (``jnp.roll`` on the stage-sharded dim, a collective-permute), and
+  microbatch t enters stage 0 while the last stage's result is kept as output t - S + 1.
+
+Stage s is busy in iterations s .. s + M - 1 of the M + S - 1: the bubble is
+(S - 1) / (M + S - 1) of each stage's time. Carries without a batch dim (an auxiliary
+loss summed over layers) run per microbatch and are averaged over microbatches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend.core import Literal
+from jax.sharding import NamedSharding, PartitionSpec
+
+from autoshard.errors import InputError
+from autoshard.trace import INLINED, split_closed
+
+REMAT = ("checkpoint", "remat2", "remat")
+
+
+@dataclasses.dataclass(frozen=True)
+class Pipelining:
+    """A GPipe pipeline: ``stages`` stages over mesh axis ``axis``, ``microbatches`` in
+    flight, ``layers`` repeated layers (``layers / stages`` a stage)."""
+
+    axis: str
+    stages: int
+    microbatches: int
+    layers: int = 0
+    schedule: str = "gpipe"
+
+    @property
+    def layers_per_stage(self) -> int:
+        return self.layers // self.stages
+
+    @property
+    def iterations(self) -> int:
+        return self.microbatches + self.stages - 1
+
+    @property
+    def bubble_fraction(self) -> float:
+        """The share of each stage's loop spent idle: (S - 1) / (M + S - 1)."""
+        return (self.stages - 1) / self.iterations
+
+    def describe(self) -> str:
+        """One line for ``Plan.summary``."""
+        return (f"pipeline over {self.axis!r}: {self.stages} stages x {self.layers_per_stage} "
+                f"layers, {self.microbatches} microbatches, {self.schedule} schedule, "
+                f"{self.iterations} steps, bubble {self.bubble_fraction:.1%}")
+
+    def busy(self, stage: int, step: int) -> int | None:
+        """The microbatch stage ``stage`` works on at loop iteration ``step`` (None: idle)."""
+        m = step - stage
+        return m if 0 <= m < self.microbatches else None
+
+
+def layer_scans(jaxpr) -> list:
+    """Scan equations of ``jaxpr`` and of the bodies it inlines, outermost first."""
+    found = []
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name == "scan":
+            found.append(eqn)
+        elif name in INLINED:
+            found += layer_scans(split_closed(eqn.params[INLINED[name]])[0])
+    return found
+
+
+def stack_scan(jaxpr, batch: int, stages: int, microbatches: int):
+    """The scan to pipeline: the longest with stacked xs, no ys, a carry of ``batch``
+    rows, and a length ``stages`` divides; None if there is none."""
+    best = None
+    for eqn in layer_scans(jaxpr):
+        p = eqn.params
+        nc, ncarry, length = p["num_consts"], p["num_carry"], p["length"]
+        carries = [v.aval for v in eqn.invars[nc:nc + ncarry]]
+        if (len(eqn.invars) == nc + ncarry or len(eqn.outvars) != ncarry
+                or length % stages or length < stages or p["reverse"]
+                or not any(a.ndim >= 1 and a.shape[0] == batch for a in carries)
+                or batch % microbatches):
+            continue
+        if best is None or length > best.params["length"]:
+            best = eqn
+    return best
+
+
+REMAT_POLICIES = {"nothing_saveable": jax.checkpoint_policies.nothing_saveable,
+                  "dots_saveable": jax.checkpoint_policies.dots_saveable}
+
+
+def remat_layer(layer: Callable, remat: str | None) -> Callable:
+    """``layer`` under ``jax.checkpoint`` with policy ``remat`` (None: as it is)."""
+    if remat is None:
+        return layer
+    if remat not in REMAT_POLICIES:
+        raise InputError(f"remat must be None, 'auto' or one of {sorted(REMAT_POLICIES)}, "
+                         f"not {remat!r}")
+    return jax.checkpoint(layer, policy=REMAT_POLICIES[remat])
+
+
+def pipelined(fun: Callable, setting: Pipelining | None, mesh, batch_of: Callable,
+              found: Callable | None = None, remat: str | None = None) -> Callable:
+    """``fun`` with its layer stack run as ``setting``'s pipeline (None: as a scan), each
+    layer rematerialized as ``remat`` says. ``batch_of(args)`` gives the batch's row count;
+    ``found(layers)`` hears how many layers the stack has.
+
+    A jaxpr holds its shapes, so the stack's layer is traced again on one microbatch:
+    ``fun`` at arguments whose batch leaves have B / M rows gives the scan body the stages
+    run, and tells which of the scan's operands are batch-shaped (their shapes differ).
+    """
+    stages, count = (1, 1) if setting is None else (setting.stages, setting.microbatches)
+
+    def run(*args, **kwargs):
+        flat, tree = jax.tree.flatten(args)
+
+        def flat_fun(*f):
+            return fun(*jax.tree.unflatten(tree, f), **kwargs)
+        closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*flat)
+        batch = batch_of(args)
+        target = stack_scan(closed.jaxpr, batch, stages, count)
+        if target is None:
+            raise InputError(
+                f"no layer stack to {'pipeline' if setting else 'rematerialize'}: the marked "
+                f"loss has no lax.scan over stacked layers whose length {stages} stages "
+                f"divide and whose carry holds the batch of {batch} rows in {count} "
+                "microbatches")
+        micro_target = None
+        if setting is not None:
+            rows = batch // count
+            micro_args = [jax.ShapeDtypeStruct((rows,) + tuple(jnp.shape(x)[1:]), x.dtype)
+                          if jnp.ndim(x) >= 1 and jnp.shape(x)[0] == batch else x
+                          for x in flat]
+            micro = jax.make_jaxpr(flat_fun)(*micro_args)
+            index = [id(e) for e in layer_scans(closed.jaxpr)].index(id(target))
+            micro_target = layer_scans(micro.jaxpr)[index]
+        if found is not None:
+            found(target.params["length"])
+        outs = Interpreter(target, micro_target, setting, mesh, remat).run(
+            closed.jaxpr, closed.consts, flat)
+        return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
+    return run
+
+
+class Interpreter:
+    """``eval_jaxpr`` with one scan equation replaced by the pipeline, or by the same scan
+    with its layer rematerialized."""
+
+    def __init__(self, target, micro_target, setting: Pipelining | None, mesh,
+                 remat: str | None = None):
+        self.target, self.micro_target = target, micro_target
+        self.setting, self.mesh, self.remat = setting, mesh, remat
+
+    def run(self, jaxpr, consts, args) -> list:
+        env = dict(zip(jaxpr.constvars, consts))
+        env.update(zip(jaxpr.invars, args))
+
+        def read(atom):
+            return atom.val if isinstance(atom, Literal) else env[atom]
+
+        for eqn in jaxpr.eqns:
+            outs = self.eqn(eqn, [read(v) for v in eqn.invars])
+            env.update(zip(eqn.outvars, outs))
+        return [read(v) for v in jaxpr.outvars]
+
+    def eqn(self, eqn, ins) -> list:
+        name = eqn.primitive.name
+        if eqn is self.target:
+            return self.pipeline(eqn, ins) if self.setting else self.remat_scan(eqn, ins)
+        if name in INLINED:
+            inner, consts = split_closed(eqn.params[INLINED[name]])
+            body = lambda *a: self.run(inner, consts, a)  # noqa: E731
+            if name in REMAT:
+                body = jax.checkpoint(body, prevent_cse=eqn.params.get("prevent_cse", True),
+                                      policy=eqn.params.get("policy"))
+            return list(body(*ins))
+        outs = eqn.primitive.bind(*ins, **eqn.params)
+        return list(outs) if eqn.primitive.multiple_results else [outs]
+
+    def remat_scan(self, eqn, ins) -> list:
+        """The scan as written, its body under ``jax.checkpoint``."""
+        p = eqn.params
+        body, body_consts = split_closed(p["jaxpr"])
+        nc, ncarry = p["num_consts"], p["num_carry"]
+        consts, init, xs = ins[:nc], ins[nc:nc + ncarry], ins[nc + ncarry:]
+
+        def layer(carry, x):
+            return jax.core.eval_jaxpr(body, body_consts, *consts, *carry, *x)
+        layer = remat_layer(layer, self.remat)
+
+        def step(carry, x):
+            outs = layer(carry, x)
+            return outs[:ncarry], outs[ncarry:]
+        final, ys = lax.scan(step, list(init), list(xs), length=p["length"],
+                             unroll=p["unroll"])
+        return [*final, *ys]
+
+    def constrain_stages(self, x):
+        """``x``'s leading (stage) dim on the stage axis, its other dims left free."""
+        spec = PartitionSpec(self.setting.axis, *[PartitionSpec.UNCONSTRAINED] * (x.ndim - 1))
+        return lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
+
+    def pipeline(self, eqn, ins) -> list:
+        p = eqn.params
+        body, body_consts = split_closed(self.micro_target.params["jaxpr"])
+        nc, ncarry, length = p["num_consts"], p["num_carry"], p["length"]
+        s, m = self.setting.stages, self.setting.microbatches
+        consts, init, xs = ins[:nc], ins[nc:nc + ncarry], ins[nc + ncarry:]
+        split = [a.aval.shape != b.aval.shape
+                 for a, b in zip(eqn.invars, self.micro_target.invars)]
+
+        # the microbatch travels with its batch-shaped constants (a mask); others stay put
+        riding = [k for k in range(nc) if split[k]]
+        fixed = [k for k in range(nc) if k not in riding]
+        carried = [to_microbatches(c, m) if split[nc + k] else
+                   jnp.broadcast_to(c, (m,) + jnp.shape(c)) for k, c in enumerate(init)]
+        travel = carried + [to_microbatches(consts[k], m) for k in riding]
+        stage_xs = [self.constrain_stages(x.reshape((s, length // s) + x.shape[1:]))
+                    for x in xs]
+
+        def stage_step(state, stage_layers):
+            """One stage's L / S layers on the microbatch it holds."""
+            carry, ride = state[:ncarry], state[ncarry:]
+            all_consts = [None] * nc
+            for k, c in zip(riding, ride):
+                all_consts[k] = c
+            for k in fixed:
+                all_consts[k] = consts[k]
+
+            def layer(c, x):
+                return jax.core.eval_jaxpr(body, body_consts, *all_consts, *c, *x)
+            layer = remat_layer(layer, self.remat)
+            final, _ = lax.scan(lambda c, x: (layer(c, x), None), list(carry),
+                                list(stage_layers))
+            return list(final) + list(ride)
+
+        buffer = [self.constrain_stages(jnp.zeros((s,) + t.shape[1:], t.dtype))
+                  for t in travel]
+        outputs = [jnp.zeros_like(c) for c in carried]
+        stage_ids = jnp.arange(s)
+
+        def step(loop, t):
+            buffer, outputs = loop
+            entering = [lax.dynamic_index_in_dim(x, jnp.minimum(t, m - 1), 0, keepdims=False)
+                        for x in travel]
+            buffer = [jnp.where(first_stage(stage_ids, b.ndim), e[None], b)
+                      for b, e in zip(buffer, entering)]
+            buffer = [self.constrain_stages(b) for b in buffer]
+            done = jax.vmap(stage_step)(buffer, stage_xs)
+            done = [self.constrain_stages(d) for d in done]
+            out_index = t - (s - 1)
+            outputs = [jnp.where(out_index >= 0, lax.dynamic_update_index_in_dim(
+                o, d[s - 1], jnp.maximum(out_index, 0), 0), o)
+                for o, d in zip(outputs, done[:ncarry])]
+            shifted = [self.constrain_stages(jnp.roll(d, 1, axis=0)) for d in done]
+            return (shifted, outputs), None
+
+        (_, outputs), _ = lax.scan(step, (buffer, outputs), jnp.arange(m + s - 1))
+        finals = []
+        for k, (c, out) in enumerate(zip(init, outputs)):
+            if split[nc + k]:
+                finals.append(out.reshape(jnp.shape(c)))
+            else:   # a per-microbatch accumulator (an auxiliary loss): their mean
+                finals.append((c + jnp.mean(out - c, axis=0)).astype(out.dtype))
+        return finals
+
+
+def first_stage(stage_ids, ndim: int):
+    return (stage_ids == 0).reshape((-1,) + (1,) * (ndim - 1))
+
+
+def to_microbatches(x, m: int):
+    """[B, ...] -> [M, B / M, ...]: microbatch i is rows i B/M .. (i+1) B/M - 1."""
+    return x.reshape((m, x.shape[0] // m) + x.shape[1:])
+
+
+def constraint_pins(graph, axis: str) -> dict:
+    """Pins for the planner: each ``with_sharding_constraint`` the pipeline wrote (a stage
+    dim on ``axis``, other dims free) keeps its stage dim there."""
+    pins = {}
+    for node in graph.nodes:
+        sharding = node.params.get("sharding") if node.primitive == "sharding_constraint" \
+            else None
+        pspec = getattr(sharding, "spec", None)
+        if pspec is None or not len(pspec) or pspec[0] != axis:
+            continue
+        rank = len(graph.values[node.outputs[0]].shape)
+        pins[node.id] = ((axis,),) + (None,) * (rank - 1)
+    return pins

@@ -1,0 +1,347 @@
+"""Gradient accumulation planned by autoshard: ``autoshard.value_and_grad`` and
+``autoshard.plan(..., microbatches=...)``.
+
+A residual MLP whose activations outweigh its weights (batch 16384 rows, d_model 128,
+FFN 512, 3 layers): splitting the batch into K microbatches shrinks what the backward
+pass keeps, while the gradient reduction stays one per step.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import autoshard
+from autoshard.inspect import inspect
+
+D_MODEL, FFN, ROWS, LAYERS = 128, 512, 16384, 3
+HW = autoshard.Hardware(flops=1e12, hbm_bandwidth=1e11, memory=80e9,
+                        link_bandwidth={"data": 4e10, "model": 3.6e11}, link_latency=1e-6)
+
+
+def loss_fn(params, batch):
+    h = batch["x"]
+    for layer in params["layers"]:
+        h = jnp.tanh(h @ layer["up"]) @ layer["down"] + h
+    return jnp.mean((h - batch["y"]) ** 2)
+
+
+def train_step(params, batch):
+    loss, grads = autoshard.value_and_grad(loss_fn)(params, batch)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), loss
+
+
+def make_args(rows=ROWS):
+    keys = jax.random.split(jax.random.key(0), 2 * LAYERS + 2)
+    params = {"layers": [
+        {"up": jax.random.normal(keys[2 * i], (D_MODEL, FFN)) / D_MODEL ** 0.5,
+         "down": jax.random.normal(keys[2 * i + 1], (FFN, D_MODEL)) / FFN ** 0.5}
+        for i in range(LAYERS)]}
+    batch = {"x": jax.random.normal(keys[-2], (rows, D_MODEL)),
+             "y": jax.random.normal(keys[-1], (rows, D_MODEL))}
+    return params, batch
+
+
+@pytest.fixture(scope="module")
+def args():
+    return make_args()
+
+
+@pytest.fixture(scope="module")
+def expected(args):
+    return jax.jit(train_step)(*args)
+
+
+def plan_for(args, mesh, **options):
+    return autoshard.plan(train_step, *args, mesh=mesh, hardware=HW, cache=False,
+                          progress=False, **options)
+
+
+def assert_matches(got, expected):
+    for e, g in zip(jax.tree.leaves(expected), jax.tree.leaves(got)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-5, atol=1e-6)
+
+
+def compiled_report(plan_, args):
+    return inspect(plan_.jit().lower(*args).compile(), plan_.hardware, plan_.mesh)
+
+
+# -- autoshard.value_and_grad outside plan -------------------------------------------------
+
+def aux_loss(w, b, x):
+    y = jnp.tanh(x @ w + b)
+    return jnp.mean(y ** 2), {"max": jnp.max(y)}
+
+
+def test_value_and_grad_is_jax_value_and_grad_eagerly_and_under_jit():
+    keys = jax.random.split(jax.random.key(1), 3)
+    w, b = jax.random.normal(keys[0], (8, 4)), jax.random.normal(keys[1], (4,))
+    x = jax.random.normal(keys[2], (16, 8))
+    for argnums, has_aux in ((0, False), ((0, 1), True)):
+        fn = aux_loss if has_aux else (lambda w, b, x: aux_loss(w, b, x)[0])
+        theirs = jax.value_and_grad(fn, argnums=argnums, has_aux=has_aux)
+        mine = autoshard.value_and_grad(fn, argnums=argnums, has_aux=has_aux)
+        for got, want in ((mine(w, b, x), theirs(w, b, x)),
+                          (jax.jit(mine)(w, b, x), jax.jit(theirs)(w, b, x))):
+            assert jax.tree.structure(got) == jax.tree.structure(want)
+            for g, e in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+                np.testing.assert_array_equal(np.asarray(g), np.asarray(e))
+
+
+def test_default_plan_is_the_plan_of_jax_value_and_grad(args, mesh_2d):
+    def plain_step(params, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), loss
+    ours = plan_for(args, mesh_2d)
+    theirs = autoshard.plan(plain_step, *args, mesh=mesh_2d, hardware=HW, cache=False,
+                            progress=False)
+    assert ours.fingerprint == theirs.fingerprint
+    assert ours.in_specs == theirs.in_specs and ours.out_specs == theirs.out_specs
+    assert ours.microbatching is None
+
+
+# -- accumulation --------------------------------------------------------------------------
+
+def test_microbatched_plan_matches_single_device(args, expected, mesh_2d):
+    plan_ = plan_for(args, mesh_2d, microbatches=4)
+    assert plan_.microbatching.microbatches == 4
+    assert_matches(plan_.jit()(*args), expected)
+
+
+def test_auto_microbatches_fit_a_budget_one_batch_does_not(args, expected, mesh_1d):
+    whole = plan_for(args, mesh_1d)
+    budget = 0.6 * whole.cost.memory_bytes
+    with pytest.raises(autoshard.MemoryBudgetError):
+        plan_for(args, mesh_1d, memory_budget=budget)
+    plan_ = plan_for(args, mesh_1d, memory_budget=budget, microbatches="auto")
+    assert plan_.microbatching.microbatches > 1
+    assert plan_.cost.memory_bytes <= budget
+    assert_matches(plan_.jit()(*args), expected)
+    assert f"{plan_.microbatching.microbatches} microbatches" in plan_.summary_text()
+
+
+def test_gradients_reduced_once_whatever_k(args, mesh_1d):
+    """The gradient reduction runs after the loop: the bytes each collective kind moves
+    per step are the same for K = 2, 4, 8, no more than one batch's all-reduce, and
+    inside the loop only the loss's scalars move."""
+    whole = compiled_report(plan_for(args, mesh_1d), args)
+    gradient_bytes = whole.collective_bytes("all-reduce")
+    assert gradient_bytes > 4 * D_MODEL * FFN   # the unsplit step all-reduces gradients
+    per_kind = []
+    for k in (2, 4, 8):
+        report = compiled_report(plan_for(args, mesh_1d, microbatches=k), args)
+        assert all(c.num_bytes <= 16 for c in report.collectives if c.count > 1), \
+            [c for c in report.collectives if c.count > 1]
+        per_kind.append({kind: report.collective_bytes(kind) for kind in
+                         ("all-reduce", "reduce-scatter", "all-to-all", "all-gather")})
+        reduced = sum(per_kind[-1][kind] for kind in ("all-reduce", "reduce-scatter",
+                                                     "all-to-all"))
+        assert reduced <= gradient_bytes
+    assert per_kind[0] == per_kind[1] == per_kind[2]
+
+
+def test_memory_falls_as_microbatches_grow(args, mesh_1d):
+    plans = [plan_for(args, mesh_1d, microbatches=k) for k in (1, 2, 4, 8)]
+    predicted = [p.cost.memory_bytes for p in plans]
+    compiled = [compiled_report(p, args).memory_bytes for p in plans]
+    assert predicted[0] > predicted[1] > predicted[2] >= predicted[3]
+    assert compiled[0] > compiled[1] > compiled[2] > compiled[3]
+
+
+def test_json_round_trip_keeps_microbatches(args, expected, mesh_2d):
+    plan_ = plan_for(args, mesh_2d, microbatches=2)
+    loaded = autoshard.Plan.from_json(plan_.to_json(), mesh_2d).bind(train_step, *args)
+    assert loaded.microbatching == plan_.microbatching
+    assert loaded.decisions == plan_.decisions
+    assert_matches(loaded.jit()(*args), expected)
+
+
+def test_microbatches_need_a_marked_loss_and_a_count(args, mesh_1d):
+    def plain_step(params, batch):
+        return jax.value_and_grad(loss_fn)(params, batch)
+    with pytest.raises(autoshard.InputError, match="autoshard.value_and_grad"):
+        autoshard.plan(plain_step, *args, mesh=mesh_1d, microbatches=2, progress=False)
+    for bad in (0, -2, 2.5, "many", True):
+        with pytest.raises(autoshard.InputError, match="microbatches"):
+            plan_for(args, mesh_1d, microbatches=bad)
+    with pytest.raises(autoshard.InputError, match="does not split"):
+        plan_for(make_args(rows=24), mesh_1d, microbatches=5)
+
+
+# -- pipeline ------------------------------------------------------------------------------
+
+STACK_LAYERS, STACK_ROWS = 8, 64
+
+
+def stack_loss(params, batch):
+    """An embedding, a lax.scan over 8 stacked residual layers (with an auxiliary loss
+    summed in the carry), and a head: the shape of a scanned transformer."""
+    h = batch["x"] @ params["embed"]
+
+    def layer(carry, w):
+        h, aux = carry
+        h = jnp.tanh(h @ w["up"]) @ w["down"] * batch["mask"][:, None] + h
+        return (h, aux + jnp.mean(h ** 2)), None
+
+    (h, aux), _ = jax.lax.scan(layer, (h, jnp.zeros((), jnp.float32)), params["layers"])
+    return jnp.mean((h @ params["head"] - batch["y"]) ** 2) + 0.01 * aux
+
+
+def stack_step(params, batch):
+    loss, grads = autoshard.value_and_grad(stack_loss)(params, batch)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), loss
+
+
+@pytest.fixture(scope="module")
+def stack_args():
+    keys = jax.random.split(jax.random.key(2), 7)
+    d, f = 32, 128
+    params = {"embed": jax.random.normal(keys[0], (16, d)) / 4,
+              "layers": {"up": jax.random.normal(keys[1], (STACK_LAYERS, d, f)) / d ** 0.5,
+                         "down": jax.random.normal(keys[2], (STACK_LAYERS, f, d)) / f ** 0.5},
+              "head": jax.random.normal(keys[3], (d, 8)) / d ** 0.5}
+    batch = {"x": jax.random.normal(keys[4], (STACK_ROWS, 16)),
+             "y": jax.random.normal(keys[5], (STACK_ROWS, 8)),
+             "mask": jax.random.uniform(keys[6], (STACK_ROWS,))}
+    return params, batch
+
+
+def plan_stack(stack_args, mesh, **options):
+    return autoshard.plan(stack_step, *stack_args, mesh=mesh, hardware=HW, cache=False,
+                          progress=False, **options)
+
+
+def test_gpipe_schedule_arithmetic():
+    from autoshard.pipeline import Pipelining
+    p = Pipelining("data", stages=4, microbatches=8, layers=16)
+    assert (p.layers_per_stage, p.iterations) == (4, 11)
+    assert p.bubble_fraction == pytest.approx(3 / 11)
+    for stage in range(4):   # each stage runs every microbatch once, in order, from step s
+        work = [p.busy(stage, t) for t in range(p.iterations)]
+        assert [m for m in work if m is not None] == list(range(8))
+        assert work.index(0) == stage
+    idle = sum(p.busy(s, t) is None for s in range(4) for t in range(p.iterations))
+    assert idle / (4 * p.iterations) == pytest.approx(p.bubble_fraction)
+
+
+def test_forced_pipeline_matches_single_device(stack_args, mesh_2d):
+    expected = jax.jit(stack_step)(*stack_args)
+    plan_ = plan_stack(stack_args, mesh_2d, pipeline="data", microbatches=4)
+    staged = plan_.pipeline
+    assert (staged.axis, staged.stages, staged.microbatches, staged.layers) == ("data", 2, 4, 8)
+    assert staged.layers_per_stage == 4
+    assert_matches(plan_.jit()(*stack_args), expected)
+    for path in ("params['layers']['up']", "params['layers']['down']"):
+        assert plan_.argument(path).spec[0] == ("data",)   # a stage's layers on its devices
+    # the stage buffer shifts once per loop iteration, over the stage axis
+    report = compiled_report(plan_, stack_args)
+    permutes = [c for c in report.collectives if c.kind == "collective-permute"]
+    assert permutes and all(c.count == staged.iterations and "data" in c.axes
+                            for c in permutes)
+    assert "pipeline over 'data': 2 stages x 4 layers, 4 microbatches" in plan_.summary_text()
+
+
+def test_auto_pipeline_is_the_fastest_candidate_and_matches(stack_args, mesh_2d):
+    expected = jax.jit(stack_step)(*stack_args)
+    plan_ = plan_stack(stack_args, mesh_2d, pipeline="auto")
+    assert_matches(plan_.jit()(*stack_args), expected)
+    for other in (plan_stack(stack_args, mesh_2d),
+                  plan_stack(stack_args, mesh_2d, pipeline="data", microbatches=4)):
+        assert plan_.cost.total_s <= other.cost.total_s * (1 + 1e-9)
+
+
+def test_pipeline_json_round_trip(stack_args, mesh_2d):
+    plan_ = plan_stack(stack_args, mesh_2d, pipeline="model", microbatches=8)
+    loaded = autoshard.Plan.from_json(plan_.to_json(), mesh_2d).bind(stack_step, *stack_args)
+    assert loaded.pipeline == plan_.pipeline
+    assert loaded.pipeline.bubble_fraction == pytest.approx(3 / 11)
+    assert_matches(loaded.jit()(*stack_args), jax.jit(stack_step)(*stack_args))
+
+
+def test_pipeline_needs_a_layer_stack(args, mesh_2d):
+    with pytest.raises(autoshard.InputError, match="no layer stack"):
+        plan_for(args, mesh_2d, pipeline="data", microbatches=2)
+    with pytest.raises(autoshard.InputError, match="mesh axis 'stage'"):
+        plan_for(args, mesh_2d, pipeline="stage")
+
+
+@pytest.mark.slow
+def test_zoo_gpt_scan_pipelined_matches_single_device(mesh_2d):
+    from autoshard import models
+    case = models.train_case("gpt_scan", "tiny")
+    expected = jax.jit(case.train_step)(*case.args)
+    plan_ = autoshard.plan(case.train_step, *case.args, mesh=mesh_2d, cache=False,
+                           progress=False, pipeline="data", microbatches=4)
+    assert plan_.pipeline.layers == 2 and plan_.pipeline.stages == 2
+    got = plan_.jit()(*case.args)
+    for e, g in zip(jax.tree.leaves(expected), jax.tree.leaves(got)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=case.rtol, atol=case.atol)
+
+
+def test_schedule_view_shows_the_bubble():
+    from autoshard import viz
+    from autoshard.pipeline import Pipelining
+    view = viz.schedule(Pipelining("data", stages=2, microbatches=3, layers=4))
+    assert [view.cells(r) for r in view.rows()] == [["0", "0", "1", "2", "."],
+                                                    ["1", ".", "0", "1", "2"]]
+    assert "bubble (S-1)/(M+S-1) = 25.0%" in view.caption and "│ 1     │ .  │ 0" in view.text()
+    fig = view.plot()
+    assert len(fig.axes[0].collections) == 6   # one box per (stage, microbatch)
+    with pytest.raises(autoshard.PlanError, match="pipelined plan"):
+        viz.schedule(None)
+
+
+# -- rematerialization ---------------------------------------------------------------------
+
+def test_remat_trades_recompute_for_memory_and_matches(stack_args, mesh_1d):
+    """Saving only dot outputs, then nothing, keeps less for the backward pass (predicted
+    and compiled) and recomputes more (compiled FLOPs)."""
+    expected = jax.jit(stack_step)(*stack_args)
+    plans = [plan_stack(stack_args, mesh_1d, **({"remat": r} if r else {}))
+             for r in (None, "dots_saveable", "nothing_saveable")]
+    reports = [compiled_report(p, stack_args) for p in plans]
+    for p in plans:
+        assert_matches(p.jit()(*stack_args), expected)
+    assert plans[0].microbatching is None
+    assert [p.microbatching.remat for p in plans[1:]] == ["dots_saveable", "nothing_saveable"]
+    predicted = [p.cost.memory_bytes for p in plans]
+    compiled = [r.memory_bytes for r in reports]
+    assert predicted[0] > predicted[1] > predicted[2]
+    assert compiled[0] > compiled[1] > compiled[2]
+    assert reports[2].flops > reports[0].flops
+    assert "jax.checkpoint(policy=nothing_saveable)" in plans[2].summary_text()
+
+
+def test_auto_remat_and_microbatches_fit_a_tight_budget(stack_args, mesh_1d):
+    expected = jax.jit(stack_step)(*stack_args)
+    budget = 0.8 * plan_stack(stack_args, mesh_1d, remat="dots_saveable").cost.memory_bytes
+    plan_ = plan_stack(stack_args, mesh_1d, memory_budget=budget, microbatches="auto",
+                       remat="auto")
+    assert plan_.cost.memory_bytes <= budget
+    for fixed in ({"remat": "nothing_saveable"}, {"microbatches": 2}):   # each fits alone
+        other = plan_stack(stack_args, mesh_1d, memory_budget=budget, **fixed)
+        assert plan_.cost.total_s <= other.cost.total_s * (1 + 1e-9)
+    assert_matches(plan_.jit()(*stack_args), expected)
+    with pytest.raises(autoshard.InputError, match="remat"):
+        plan_stack(stack_args, mesh_1d, remat="everything")
+
+
+@pytest.mark.slow
+def test_hand_written_gpipe_expert_matches_single_device(mesh_2d):
+    from autoshard import experts, models
+    case = models.train_case("gpt_scan", "tiny")
+    expected = jax.jit(case.train_step)(*case.args)
+    step = experts.jit_gpipe(case, mesh_2d, microbatches=4, donate=False)
+    got = step(*case.args)
+    for e, g in zip(jax.tree.leaves(expected), jax.tree.leaves(got)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=case.rtol, atol=case.atol)
+    hlo = step.lower(*case.args).compile().as_text()
+    assert "collective-permute" in hlo
+
+
+def test_cli_microbatches_option():
+    from autoshard.cli import CliError, parse_microbatches
+    assert parse_microbatches("auto") == "auto" and parse_microbatches("4") == 4
+    for bad in ("0", "-1", "two", "2.5"):
+        with pytest.raises(CliError, match="--microbatches"):
+            parse_microbatches(bad)
