@@ -19,7 +19,8 @@ from jax.sharding import Mesh, NamedSharding
 
 from autoshard import specs
 from autoshard.specs import Spec
-from autoshard.trace import INLINED, split_closed
+from autoshard.trace import (INLINED, has_static_leaves, hold_static_leaves,
+                             release_static_leaves, split_closed)
 
 REMAT = ("checkpoint", "remat2", "remat")
 
@@ -168,7 +169,7 @@ def make_jit(closed_jaxpr, in_tree, out_tree, decisions, mesh: Mesh,
     flat_fn = rewrite(closed_jaxpr, decisions, mesh)
 
     def fn(*args):
-        flat, tree = jax.tree_util.tree_flatten(args)
+        flat, tree = jax.tree_util.tree_flatten(hold_static_leaves(args))
         if tree != in_tree:
             from autoshard.errors import PlanError
             raise PlanError(f"arguments have structure {tree}; the plan was made for {in_tree}")
@@ -179,5 +180,26 @@ def make_jit(closed_jaxpr, in_tree, out_tree, decisions, mesh: Mesh,
 
     in_shardings = jax.tree_util.tree_unflatten(in_tree, [sharding(s) for s in in_specs])
     out_shardings = jax.tree_util.tree_unflatten(out_tree, [sharding(s) for s in out_specs])
-    return jax.jit(fn, in_shardings=tuple(in_shardings), out_shardings=out_shardings,
-                   donate_argnums=donate_argnums)
+    jitted = jax.jit(fn, in_shardings=tuple(in_shardings), out_shardings=out_shardings,
+                     donate_argnums=donate_argnums)
+    if has_static_leaves(in_tree) or has_static_leaves(out_tree):
+        return StaticLeavesJit(jitted)
+    return jitted
+
+
+class StaticLeavesJit:
+    """A jitted function over pytrees holding equinox modules: their non-array leaves are
+    held in the tree structure on the way in (so ``jax.jit`` sees only arrays) and given
+    back on the way out, as ``eqx.filter_jit`` does. ``.lower(...)`` works as on jax.jit."""
+
+    def __init__(self, jitted):
+        self.jitted = jitted
+
+    def __call__(self, *args):
+        return release_static_leaves(self.jitted(*hold_static_leaves(args)))
+
+    def lower(self, *args, **kwargs):
+        return self.jitted.lower(*hold_static_leaves(args), **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.jitted, name)
