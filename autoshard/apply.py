@@ -183,7 +183,7 @@ def make_jit(closed_jaxpr, in_tree, out_tree, decisions, mesh: Mesh,
     jitted = jax.jit(fn, in_shardings=tuple(in_shardings), out_shardings=out_shardings,
                      donate_argnums=donate_argnums)
     if has_static_leaves(in_tree) or has_static_leaves(out_tree):
-        return StaticLeavesJit(jitted)
+        return StaticLeavesJit(jitted, in_tree)
     return jitted
 
 
@@ -192,14 +192,24 @@ class StaticLeavesJit:
     held in the tree structure on the way in (so ``jax.jit`` sees only arrays) and given
     back on the way out, as ``eqx.filter_jit`` does. ``.lower(...)`` works as on jax.jit."""
 
-    def __init__(self, jitted):
+    def __init__(self, jitted, in_tree):
         self.jitted = jitted
+        self.in_tree = in_tree
+
+    def held(self, args):
+        held = hold_static_leaves(args)
+        tree = jax.tree_util.tree_structure(held)
+        if tree != self.in_tree:
+            from autoshard.errors import PlanError
+            raise PlanError(f"arguments have structure {tree}; the plan was made for "
+                            f"{self.in_tree} (static leaves of modules must be the same)")
+        return held
 
     def __call__(self, *args):
-        return release_static_leaves(self.jitted(*hold_static_leaves(args)))
+        return release_static_leaves(self.jitted(*self.held(args)))
 
     def lower(self, *args, **kwargs):
-        return self.jitted.lower(*hold_static_leaves(args), **kwargs)
+        return self.jitted.lower(*self.held(args), **kwargs)
 
     def __getattr__(self, name):
         return getattr(self.jitted, name)
