@@ -41,6 +41,93 @@ def test_golden(fn, shapes, primitive, golden):
     assert einsum_of(fn, *shapes, primitive=primitive) == golden
 
 
+def golden_of(fn, *avals, primitive):
+    """The einsum of the last ``primitive`` equation of ``fn`` (in a gradient, the
+    backward pass's)."""
+    graph = trace(fn, *avals)
+    node = [n for n in graph.nodes if n.kind == "eqn" and n.primitive == primitive][-1]
+    return str(rule_for(node, [graph.values[v].shape for v in node.outputs]))
+
+
+def f32(*shape):
+    return jax.ShapeDtypeStruct(shape, jnp.float32)
+
+
+def u32(*shape):
+    return jax.ShapeDtypeStruct(shape, jnp.uint32)
+
+
+KEY = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+
+
+def max_pool(x):
+    return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+
+
+def grouped_conv(groups):
+    def conv(x, k):
+        return jax.lax.conv_general_dilated(x, k, (1, 1), "SAME", feature_group_count=groups,
+                                            dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return conv
+
+
+@pytest.mark.parametrize("fn,avals,primitive,golden", [
+    # random bits: the key stays whole, the bits split like the array they fill
+    (lambda k: jax.random.bits(k, (8, 16)), [KEY], "random_bits", "->ab"),
+    (lambda k: jax.random.uniform(k, (8, 16)), [KEY], "shift_right_logical", "ab,->ab"),
+    (lambda x: jax.lax.bitcast_convert_type(x, jnp.float32), [u32(8, 16)],
+     "bitcast_convert_type", "ab->ab"),
+    # to a narrower type: a new minor dim holds each element's bytes and stays whole
+    (lambda x: jax.lax.bitcast_convert_type(x, jnp.uint8), [u32(8, 16)],
+     "bitcast_convert_type", "ab->ab."),
+    (lambda x: jax.lax.bitcast_convert_type(x, jnp.uint32),
+     [jax.ShapeDtypeStruct((8, 16, 4), jnp.uint8)], "bitcast_convert_type", "ab.->ab"),
+    (lambda k: jax.random.fold_in(k, 3), [KEY], "random_fold_in", ",->"),
+    (lambda k: jax.lax.rng_bit_generator(k, (8, 16)), [u32(4)], "rng_bit_generator", ".->.,.."),
+    # pooling: the window spans the spatial dims; batch and channels split
+    (max_pool, [f32(4, 8, 8, 16)], "reduce_window_max", "a..b->a..b"),
+    (lambda x: jax.lax.reduce_window(x, 0.0, jax.lax.add, (1, 2, 2, 1), (1, 2, 2, 1), "VALID"),
+     [f32(4, 8, 8, 16)], "reduce_window_sum", "a..b->a..b"),
+    (lambda x: jax.lax.reduce_window(x, 1.0, jax.lax.mul, (1, 3, 3, 1), (1, 1, 1, 1), "SAME"),
+     [f32(4, 8, 8, 16)], "reduce_window", "a..b,->a..b"),
+    (jax.grad(lambda x: max_pool(x).sum()), [f32(4, 8, 8, 16)], "select_and_scatter_add",
+     "a..b,a..b->a..b"),
+    (lambda x, t: jax.jvp(max_pool, (x,), (t,))[1], [f32(4, 8, 8, 16), f32(4, 8, 8, 16)],
+     "select_and_gather_add", "a..b,a..b->a..b"),
+    # depthwise and grouped convs split on groups (g) with nothing to reduce
+    (grouped_conv(16), [f32(4, 8, 8, 16), f32(3, 3, 1, 32)], "conv_general_dilated",
+     "a..g,...g->a..g"),
+    (grouped_conv(4), [f32(4, 8, 8, 16), f32(3, 3, 4, 32)], "conv_general_dilated",
+     "a..g,...g->a..g"),
+    # the kernel gradient of a depthwise conv (batch_group_count): groups split, batch summed
+    (jax.grad(lambda x, k: grouped_conv(16)(x, k).sum(), argnums=1),
+     [f32(4, 8, 8, 16), f32(3, 3, 1, 32)], "conv_general_dilated", "a..g,a..g->...g reduce={a}"),
+    (lambda x: jnp.fft.fft(x), [f32(8, 16)], "fft", "a.->a."),
+    (lambda x: jnp.fft.rfft2(x), [f32(4, 8, 16)], "fft", "a..->a.."),
+    (lambda x: jnp.fft.irfft(x), [jax.ShapeDtypeStruct((8, 9), jnp.complex64)], "fft", "a.->a."),
+    (lambda x: jax.lax.top_k(x, 3), [f32(8, 16)], "top_k", "a.->a.,a."),
+    (lambda x: jax.lax.approx_max_k(x, 3), [f32(8, 16)], "approx_top_k", "a.->a.,a."),
+    (lambda x: jnp.argsort(x, axis=0), [f32(8, 16)], "sort", ".a,.a->.a,.a"),
+    (lambda x: jax.lax.cummax(x, axis=0), [f32(8, 16)], "cummax", ".a->.a"),
+    (lambda x: jax.lax.cumlogsumexp(x, axis=1), [f32(8, 16)], "cumlogsumexp", "a.->a."),
+    (lambda x, y: jax.lax.reduce((x, y), (0.0, 1.0), lambda a, b: (a[0] + b[0], a[1] * b[1]),
+                                 (1,)), [f32(8, 16), f32(8, 16)], "reduce", "a.,a.,,->a,a"),
+    (lambda x: jax.lax.pad(x, 0.0, ((0, 0, 0), (1, 1, 1))), [f32(8, 16)], "pad", "a.,->a."),
+    (lambda x: jax.lax.rev(x, (1,)), [f32(8, 16)], "rev", "a.->a."),
+    (lambda x: jax.lax.clamp(0.0, x, 1.0), [f32(8, 16)], "clamp", ",ab,->ab"),
+    (lambda x: jax.lax.erf_inv(x), [f32(8, 16)], "erf_inv", "ab->ab"),
+    (lambda x: jax.lax.reduce_precision(x, 5, 10), [f32(8, 16)], "reduce_precision", "ab->ab"),
+    (lambda x, y: jax.lax.nextafter(x, y), [f32(8, 16), f32(8, 16)], "nextafter", "ab,ab->ab"),
+    (lambda x: jax.lax.population_count(x), [u32(8, 16)], "population_count", "ab->ab"),
+    (lambda x: jnp.split(x, 2, axis=1), [f32(8, 16)], "split", "a.->a.,a."),
+    (lambda x: jnp.tile(x, (1, 2)), [f32(8, 16)], "tile", "a.->a."),
+    (lambda x: jnp.argmin(x, axis=0), [f32(8, 16)], "argmin", ".a->a"),
+    (lambda x: jnp.any(x > 0, axis=1), [f32(8, 16)], "reduce_or", "ab->a reduce={b}"),
+])
+def test_golden_ordinary_model_primitives(fn, avals, primitive, golden):
+    assert golden_of(fn, *avals, primitive=primitive) == golden
+
+
 def test_embedding_gather_is_vocab_parallel():
     def fn(table, ids):
         return jnp.take(table, ids, axis=0)
@@ -78,9 +165,25 @@ def test_conv_batch_and_features():
 
 def test_unknown_primitive_warns_and_replicates():
     import autoshard.rules as rules
+    from jax.extend.core import Primitive
+    unknown = Primitive("made_up_for_this_test")
+    unknown.def_abstract_eval(lambda x: x)
+    graph = trace(lambda x: unknown.bind(x), jax.ShapeDtypeStruct((8, 8), jnp.float32))
+    node = next(n for n in graph.nodes if n.primitive == "made_up_for_this_test")
+    rules._warned.discard("made_up_for_this_test")
+    with pytest.warns(UserWarning, match="made_up_for_this_test"):
+        einsum = rule_for(node, [graph.values[v].shape for v in node.outputs])
+    assert str(einsum) == "..->.."
+
+
+def test_replicated_on_purpose_does_not_warn():
+    """A primitive of the replicated table (with its reason) stays whole, silently."""
+    import warnings
+    from autoshard.rules.replicated import REPLICATED
     graph = trace(lambda x: jnp.linalg.cholesky(x), jax.ShapeDtypeStruct((8, 8), jnp.float32))
     node = next(n for n in graph.nodes if n.primitive == "cholesky")
-    rules._warned.discard("cholesky")
-    with pytest.warns(UserWarning, match="cholesky"):
+    assert "cholesky" in REPLICATED
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         einsum = rule_for(node, [graph.values[v].shape for v in node.outputs])
     assert str(einsum) == "..->.."

@@ -108,4 +108,5 @@ def replicate_all(node: Node, out_shapes) -> Einsum:
                   tuple((None,) * len(s) for s in out_shapes), {})
 
 
-from autoshard.rules import control_flow, conv, dot, elementwise, indexing, reduce, shape  # noqa: E402,F401
+from autoshard.rules import (control_flow, conv, dot, elementwise, fft, indexing,  # noqa: E402,F401
+                             reduce, replicated, shape, window)

@@ -1,4 +1,13 @@
-"""conv_general_dilated: batch and output-feature splits, input features contracted."""
+"""conv_general_dilated: batch and output-feature splits, input features contracted.
+
+Grouped convolutions split on groups. With ``feature_group_count`` G (grouped and
+depthwise convs and their input gradients) the input features, the kernel's output
+features and the result's features are G contiguous groups: a split over whole groups
+keeps each device's inputs and kernels together, so it needs no collective. With
+``batch_group_count`` G (the kernel gradient of a grouped conv) the input's batch-position
+dim holds the groups, the kernel's output features too, and the contracted
+feature-position dims (the model's batch) split as a partial sum, as in data parallel.
+"""
 
 from __future__ import annotations
 
@@ -13,20 +22,25 @@ def conv(node, out_shapes) -> Einsum:
     (out,) = out_shapes
     dn = node.params["dimension_numbers"]
     lhs_spec, rhs_spec, out_spec = dn.lhs_spec, dn.rhs_spec, dn.out_spec
-    groups = node.params["feature_group_count"] * node.params["batch_group_count"]
+    feature_groups = node.params["feature_group_count"]
+    batch_groups = node.params["batch_group_count"]
     labels = LabelMaker()
     lhs_t: list = [None] * len(lhs)
     rhs_t: list = [None] * len(rhs)
     out_t: list = [None] * len(out)
-    lhs_t[lhs_spec[0]] = out_t[out_spec[0]] = labels.new(lhs[lhs_spec[0]])
     reduce = set()
-    if groups == 1:
+    if batch_groups == 1:
+        lhs_t[lhs_spec[0]] = out_t[out_spec[0]] = labels.new(lhs[lhs_spec[0]])
+    if feature_groups == 1 and batch_groups == 1:
         rhs_t[rhs_spec[0]] = out_t[out_spec[1]] = labels.new(rhs[rhs_spec[0]])
+    else:   # groups: the major factor of the grouped dims
+        group = labels.new(max(feature_groups, batch_groups), "g")
+        grouped_lhs = lhs_spec[1] if feature_groups > 1 else lhs_spec[0]
+        lhs_t[grouped_lhs] = rhs_t[rhs_spec[0]] = out_t[out_spec[1]] = group
+    if feature_groups == 1:   # the contraction is over whole input features
         lhs_t[lhs_spec[1]] = rhs_t[rhs_spec[1]] = labels.new(lhs[lhs_spec[1]])
         if lhs_t[lhs_spec[1]]:
             reduce.add(lhs_t[lhs_spec[1]])
-    if node.params["batch_group_count"] > 1:  # weight-gradient convs: keep batch whole
-        lhs_t[lhs_spec[0]] = out_t[out_spec[0]] = None
     kernel = math.prod(rhs[d] for d in rhs_spec[1:])  # input features x window
     flops = 2.0 * math.prod(out) * kernel
     return Einsum((tuple(lhs_t), tuple(rhs_t)), (tuple(out_t),), labels.sizes,

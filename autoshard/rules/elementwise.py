@@ -10,11 +10,12 @@ UNARY = """abs acos acosh asin asinh atan atanh cbrt ceil clz conj copy copy_p c
 digamma erf erf_inv erfc exp exp2 expm1 floor imag integer_pow is_finite lgamma log log1p
 logistic neg not population_count real reduce_precision round rsqrt sign sin sinh sqrt square
 tan tanh convert_element_type bessel_i0e bessel_i1e stop_gradient optimization_barrier
-sharding_constraint""".split()
+sharding_constraint zeros_like name reshard layout_constraint""".split()
 BINARY = """add add_any and atan2 complex div eq ge gt igamma igammac le lt max min mul ne
 nextafter or pow rem shift_left shift_right_arithmetic shift_right_logical sub xor
-polygamma zeta random_gamma_grad""".split()
-NARY = ["select_n", "clamp", "threefry2x32"]
+polygamma zeta random_gamma_grad mulhi eq_to le_to lt_to igamma_grad_a random_gamma""".split()
+NARY = ["select_n", "clamp", "threefry2x32", "threefry4x32", "philox2x32", "philox4x32",
+        "regularized_incomplete_beta"]
 
 
 def elementwise_einsum(operand_shapes, out_shapes, flops_per_element=1.0) -> Einsum:
@@ -33,9 +34,9 @@ def elementwise_einsum(operand_shapes, out_shapes, flops_per_element=1.0) -> Ein
                   flops=flops_per_element * math.prod(out_shape), fusible=True)
 
 
-@register(*UNARY, *BINARY, *NARY)
+@register(*UNARY, *BINARY, *NARY, "device_put")
 def elementwise(node, out_shapes) -> Einsum:
-    if node.primitive == "optimization_barrier":
+    if node.primitive in ("optimization_barrier", "device_put"):
         return barrier(node, out_shapes)
     return elementwise_einsum(node.operand_shapes, out_shapes)
 
@@ -45,3 +46,26 @@ def barrier(node, out_shapes) -> Einsum:
     labels = LabelMaker()
     terms = tuple(tuple(labels.new(d) for d in shape) for shape in out_shapes)
     return Einsum(terms, terms, labels.sizes)
+
+
+@register("bitcast_convert_type")
+def bitcast_convert_type(node, out_shapes) -> Einsum:
+    """Reinterprets bits elementwise (random bits made floats in ``jax.random.uniform``).
+    Between widths it adds (narrower result) or drops (wider result) a minor dim that
+    holds one element's pieces; that dim stays whole, the others split together."""
+    (shape,), (out_shape,) = node.operand_shapes, out_shapes
+    labels = LabelMaker()
+    common = tuple(labels.new(d) for d in shape[:min(len(shape), len(out_shape))])
+    operand = common + (None,) * (len(shape) - len(common))
+    out = common + (None,) * (len(out_shape) - len(common))
+    return Einsum((operand,), (out,), labels.sizes, flops=float(math.prod(out_shape)),
+                  fusible=True)
+
+
+@register("tie")
+def tie(node, out_shapes) -> Einsum:
+    """``tie(x, y)`` is ``y`` ordered after ``x``: ``x`` is read as it lies."""
+    labels = LabelMaker()
+    first = tuple(labels.new(d) for d in node.operand_shapes[0])
+    out = tuple(labels.new(d) for d in out_shapes[0])
+    return Einsum((first, out), (out,), labels.sizes, fusible=True)

@@ -4,7 +4,7 @@ gather: output batch dims split with the indices' batch dims, output offset dims
 operand's whole-sliced dims, batching dims on all three. An operand dim indexed with
 slice size 1 (an embedding table's vocabulary) may split too: each device looks up the
 rows it holds and the partial results are summed (vocab-parallel embedding).
-scatter-add: an update's scatter dims may split: each device adds its part, partial sums.
+scatter-add and scatter-sub: an update's scatter dims may split: each device adds its part, partial sums.
 scatter of any kind: an operand dim indexed with slice size 1 (the vocabulary of a
 take_along_axis gradient) may split: each device applies the updates that land in the rows
 it holds, so the result stays split and nothing is summed.
@@ -51,8 +51,11 @@ def gather(node, out_shapes) -> Einsum:
                   reduce=frozenset(reduce), flops=float(math.prod(out_shape)))
 
 
-@register("scatter-add", "scatter_add", "scatter", "scatter-mul", "scatter_mul",
-          "scatter-min", "scatter_min", "scatter-max", "scatter_max")
+ADDITIVE = ("scatter-add", "scatter_add", "scatter-sub", "scatter_sub")
+
+
+@register(*ADDITIVE, "scatter", "scatter-mul", "scatter_mul", "scatter-min", "scatter_min",
+          "scatter-max", "scatter_max")
 def scatter(node, out_shapes) -> Einsum:
     dn = node.params["dimension_numbers"]
     operand, indices, updates = node.operand_shapes
@@ -62,7 +65,7 @@ def scatter(node, out_shapes) -> Einsum:
     upd_t: list = [None] * len(updates)
     scatter_dims = [d for d in range(len(updates)) if d not in dn.update_window_dims]
     idx_batch = list(range(len(indices) - 1))
-    additive = node.primitive in ("scatter-add", "scatter_add")
+    additive = node.primitive in ADDITIVE
     for op_dim, idx_dim in zip(dn.operand_batching_dims, dn.scatter_indices_batching_dims):
         label = labels.new(operand[op_dim])
         op_t[op_dim] = idx_t[idx_dim] = upd_t[scatter_dims[idx_batch.index(idx_dim)]] = label

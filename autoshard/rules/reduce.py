@@ -44,3 +44,18 @@ def cumulative(node, out_shapes) -> Einsum:
     labels = LabelMaker()
     term = tuple(None if i == axis else labels.new(d) for i, d in enumerate(shape))
     return Einsum((term,), (term,), labels.sizes, flops=float(math.prod(shape)))
+
+
+@register("reduce")
+def generic_reduce(node, out_shapes) -> Einsum:
+    """``lax.reduce`` with its own computation (several operands, then their init values):
+    the reduced dims stay whole, since partial results have no known combine."""
+    num_operands = len(out_shapes)
+    shape = node.operand_shapes[0]
+    axes = set(node.params["dimensions"])
+    labels = LabelMaker()
+    term = tuple(None if i in axes else labels.new(d) for i, d in enumerate(shape))
+    out = tuple(l for i, l in enumerate(term) if i not in axes)
+    inits = tuple(() for _ in node.operand_shapes[num_operands:])
+    return Einsum((term,) * num_operands + inits, (out,) * num_operands, labels.sizes,
+                  flops=float(num_operands * math.prod(shape)))

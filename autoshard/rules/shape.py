@@ -146,11 +146,13 @@ def dynamic_update_slice(node, out_shapes) -> Einsum:
     return Einsum((term, term, *rest), (term,), labels.sizes)
 
 
-@register("iota", "empty", "empty2")
+@register("iota", "empty", "empty2", "iota_2x32_shape")
 def iota(node, out_shapes) -> Einsum:
+    """Made from indices alone (``iota_2x32_shape``: the hi and lo words of a random-bits
+    counter), so each device makes its own part."""
     labels = LabelMaker()
     term = tuple(labels.new(d) for d in out_shapes[0])
-    return Einsum((), (term,), labels.sizes, fusible=True)
+    return Einsum((), tuple(term for _ in out_shapes), labels.sizes, fusible=True)
 
 
 @register("sort")
@@ -164,25 +166,64 @@ def sort(node, out_shapes) -> Einsum:
                   labels.sizes, flops=flops)
 
 
-@register("top_k")
+@register("top_k", "approx_top_k")
 def top_k(node, out_shapes) -> Einsum:
+    """The values and indices of the k largest along one dim (the last unless ``axis`` or
+    ``reduction_dimension`` says otherwise); the other dims split."""
     shape = node.operand_shapes[0]
+    axis = node.params.get("axis", node.params.get("reduction_dimension", -1)) % len(shape)
     labels = LabelMaker()
-    term = tuple(None if i == len(shape) - 1 else labels.new(d) for i, d in enumerate(shape))
-    return Einsum((term,), tuple(term for _ in out_shapes), labels.sizes,
+    term = tuple(None if i == axis else labels.new(d) for i, d in enumerate(shape))
+    rest = tuple((None,) * len(s) for s in node.operand_shapes[1:])  # a dynamic k
+    return Einsum((term, *rest), tuple(term for _ in out_shapes), labels.sizes,
                   flops=float(math.prod(shape)))
+
+
+@register("tile")
+def tile(node, out_shapes) -> Einsum:
+    """Dims repeated once split with the result; repeated dims stay whole."""
+    reps = node.params["reps"]
+    return _keep_dims(node, out_shapes, {i for i, r in enumerate(reps) if r != 1})
+
+
+@register("stack")
+def stack(node, out_shapes) -> Einsum:
+    """Operands of one shape stacked along a new dim, which stays whole."""
+    axis = node.params["axis"]
+    labels = LabelMaker()
+    term = tuple(labels.new(d) for d in node.operand_shapes[0])
+    out = term[:axis] + (None,) + term[axis:]
+    return Einsum(tuple(term for _ in node.operand_shapes), (out,), labels.sizes)
+
+
+@register("unstack")
+def unstack(node, out_shapes) -> Einsum:
+    """Slices along one dim, each a result without it; the other dims split."""
+    axis = node.params["axis"]
+    labels = LabelMaker()
+    term = tuple(None if i == axis else labels.new(d)
+                 for i, d in enumerate(node.operand_shapes[0]))
+    out = term[:axis] + term[axis + 1:]
+    return Einsum((term,), tuple(out for _ in out_shapes), labels.sizes)
+
+
+# threefry2x32: 20 rounds of add, rotate and xor on a pair of words, plus key injections
+THREEFRY_OPS_PER_WORD = 60
 
 
 @register("random_bits", "random_uniform")
 def random_bits(node, out_shapes) -> Einsum:
-    """Counter-based (partitionable threefry) bits can be made directly in shards."""
+    """Counter-based (partitionable threefry, JAX's default) bits can be made directly in
+    shards: each device hashes the counters of its own elements, and the values do not
+    depend on the split."""
     labels = LabelMaker()
     out = tuple(labels.new(d) for d in out_shapes[0])
-    return Einsum(tuple((None,) * len(s) for s in node.operand_shapes), (out,), labels.sizes)
+    return Einsum(tuple((None,) * len(s) for s in node.operand_shapes), (out,), labels.sizes,
+                  flops=float(THREEFRY_OPS_PER_WORD * math.prod(out_shapes[0])))
 
 
 @register("rng_bit_generator", "random_seed", "random_wrap", "random_unwrap", "random_split",
-          "random_fold_in")
+          "random_fold_in", "random_clone")
 def key_ops(node, out_shapes) -> Einsum:
     """PRNG keys are tiny: keep them whole."""
     return Einsum(tuple((None,) * len(s) for s in node.operand_shapes),
