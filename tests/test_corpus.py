@@ -130,6 +130,19 @@ def _plan(name, mesh_name):
 
 
 @functools.lru_cache(maxsize=None)
+def _compiled(name, mesh_name):
+    """The plan compiled once, for its numerics and its price (takes held arguments)."""
+    case = _case(name)
+    return _plan(name, mesh_name).jit().lower(*case.args).compile()
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(name):
+    case = _case(name)
+    return jax.tree.leaves(jax.jit(case.held_fn)(*case.held_args()))
+
+
+@functools.lru_cache(maxsize=None)
 def _missing(name):
     return frozenset(corpus.primitives_without_rule(_case(name)))
 
@@ -153,9 +166,8 @@ def test_corpus_plans_without_replicated_fallback(name):
 @pytest.mark.parametrize("mesh_name", MESHES)
 @pytest.mark.parametrize("name", CASE_NAMES)
 def test_corpus_step_matches_one_device(name, mesh_name):
-    case = _case(name)
-    want = jax.tree.leaves(jax.jit(case.held_fn)(*case.held_args()))
-    got = jax.tree.leaves(corpus.hold_static_leaves(_plan(name, mesh_name).jit()(*case.args)))
+    case, want = _case(name), _reference(name)
+    got = jax.tree.leaves(_compiled(name, mesh_name)(*case.held_args()))
     assert len(got) == len(want)
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(g, np.float64), np.asarray(w, np.float64),
@@ -167,7 +179,7 @@ def test_corpus_step_matches_one_device(name, mesh_name):
 @pytest.mark.parametrize("name", CASE_NAMES)
 def test_corpus_plan_no_worse_than_best_expert(name, mesh_name):
     case, mesh, plan = _case(name), _mesh(mesh_name), _plan(name, mesh_name)
-    auto = inspect(plan.jit().lower(*case.args).compile(), plan.hardware, mesh).total_s
+    auto = inspect(_compiled(name, mesh_name), plan.hardware, mesh).total_s
     best = min(inspect(case.compile_expert(mesh, e), plan.hardware, mesh).total_s
                for e in case.expert_names())
     if auto > best:
