@@ -101,6 +101,33 @@ def test_auto_shard_takes_equinox_modules(mesh_2d):
     assert len(step._plans) == 2
 
 
+def test_haiku_params_and_state_plan_and_run(mesh_2d):
+    hk = pytest.importorskip("haiku")
+
+    def forward(x, is_training):
+        x = hk.Linear(32)(x)
+        x = hk.BatchNorm(True, True, 0.9)(x, is_training)
+        return hk.Linear(8)(jax.nn.relu(x))
+
+    model = hk.transform_with_state(forward)
+    (x, y), rng = _xy(), jax.random.PRNGKey(0)
+    params, state = model.init(rng, x, is_training=True)
+
+    def step(params, state, x, y):
+        def loss_fn(params):
+            out, state_ = model.apply(params, state, None, x, is_training=True)
+            return jnp.mean((out - y) ** 2), state_
+        (loss, state), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), state, loss
+
+    plan = autoshard.plan(step, params, state, x, y, mesh=mesh_2d, progress=False)
+    assert "state['batch_norm/~/mean_ema']['average']" in [a.path for a in plan.arguments]
+    got = plan.jit()(params, state, x, y)
+    want = jax.jit(step)(params, state, x, y)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
 # ------------------------------------------------------------------------ the corpus
 
 corpus = pytest.importorskip("autoshard.testing.corpus")
