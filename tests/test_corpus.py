@@ -9,6 +9,7 @@ device, and prices the compiled plan against data parallel, FSDP and Megatron.
 
 import functools
 import os
+import re
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
@@ -194,11 +195,15 @@ def test_corpus_plans_without_replicated_fallback(name):
 @pytest.mark.parametrize("name", CASE_NAMES)
 def test_corpus_step_matches_one_device(name, mesh_name):
     case, want = _case(name), _reference(name)
-    got = jax.tree.leaves(_compiled(name, mesh_name)(*case.held_args()))
+    got = jax.tree_util.tree_leaves_with_path(_compiled(name, mesh_name)(*case.held_args()))
     assert len(got) == len(want)
-    for g, w in zip(got, want):
+    for (key_path, g), w in zip(got, want):
+        path = jax.tree_util.keystr(key_path)
+        noise = any(re.search(p, path) for p in case.zero_gradient_outputs)
         np.testing.assert_allclose(np.asarray(g, np.float64), np.asarray(w, np.float64),
-                                   rtol=case.rtol, atol=case.atol)
+                                   rtol=case.rtol,
+                                   atol=2 * corpus.LEARNING_RATE if noise else case.atol,
+                                   err_msg=path)
 
 
 @pytest.mark.slow
