@@ -30,7 +30,7 @@ from autoshard.pipeline import constraint_pins
 from autoshard.progress import PlanProgress
 from autoshard.solve import InfeasibleBudget, Request, evaluate, shared_edge_marks, solve
 from autoshard.strategies import build_strategies
-from autoshard.trace import build_graph, trace_program
+from autoshard.trace import build_graph, hold_static_leaves, trace_program
 
 ALTERNATIVES_SHOWN = 4
 
@@ -452,20 +452,21 @@ class AutoSharded:
 
     def plan_for(self, *args) -> Plan:
         """The plan for these arguments (planned now if not cached)."""
-        key = abstract_signature(args)
+        key = abstract_signature(hold_static_leaves(args))
         if key not in self._plans:
             self._plans[key] = plan(self.fn, *args, **self.plan_kwargs)
         return self._plans[key]
 
     def __call__(self, *args):
-        key = abstract_signature(args)
+        key = abstract_signature(hold_static_leaves(args))
         if key not in self._jitted:
             plan_ = self.plan_for(*args)
-            self._jitted[key] = (plan_.jit(), plan_.in_shardings)
+            self._jitted[key] = (plan_.jit(), jax.tree_util.tree_leaves(plan_.in_shardings))
         jitted, in_shardings = self._jitted[key]
         # arrays placed otherwise (e.g. last step's outputs) move to the plan's shardings;
         # jit refuses committed arguments sharded differently from in_shardings
-        return jitted(*jax.device_put(args, in_shardings))
+        flat, tree = jax.tree_util.tree_flatten(hold_static_leaves(args))
+        return jitted(*jax.tree_util.tree_unflatten(tree, jax.device_put(flat, in_shardings)))
 
 
 def auto_shard(fn: Callable | None = None, *, mesh: Mesh, hardware: Hardware | None = None,

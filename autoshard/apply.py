@@ -20,7 +20,8 @@ from jax.sharding import Mesh, NamedSharding
 
 from autoshard import specs
 from autoshard.specs import Spec
-from autoshard.trace import INLINED, split_closed
+from autoshard.trace import (INLINED, has_static_leaves, hold_static_leaves,
+                             release_static_leaves, split_closed)
 
 REMAT = ("checkpoint", "remat2", "remat")
 
@@ -171,6 +172,7 @@ def make_jit(closed_jaxpr, in_tree, out_tree, decisions, mesh: Mesh,
     flat_fn = rewrite(closed_jaxpr, decisions, mesh)
 
     def fn(*args):
+        args = hold_static_leaves(args)
         if check_args is not None:
             check_args(args)
         flat, tree = jax.tree_util.tree_flatten(args)
@@ -186,33 +188,41 @@ def make_jit(closed_jaxpr, in_tree, out_tree, decisions, mesh: Mesh,
     out_shardings = jax.tree_util.tree_unflatten(out_tree, [sharding(s) for s in out_specs])
     jitted = jax.jit(fn, in_shardings=tuple(in_shardings), out_shardings=out_shardings,
                      donate_argnums=donate_argnums)
-    return jitted if check_args is None else CheckedJit(jitted, in_tree, check_args)
+    if check_args is None and not (has_static_leaves(in_tree) or has_static_leaves(out_tree)):
+        return jitted
+    return CheckedJit(jitted, in_tree, check_args)
 
 
 class CheckedJit:
-    """A jitted plan that checks its arguments' tree before jax.jit matches them against
-    the in_shardings (whose own error names no argument), and their shapes and dtypes
-    while tracing; anything else (``lower``, ``trace``, ...) is the jitted function's."""
+    """A jitted plan over the user's pytrees. The non-array leaves of equinox modules are
+    held in the tree structure on the way in (so ``jax.jit`` sees only arrays) and given
+    back on the way out, as ``eqx.filter_jit`` does; the arguments' tree is checked before
+    jax.jit matches it against the in_shardings (whose own error names no argument), and
+    their shapes and dtypes while tracing. Anything else is the jitted function's."""
 
-    def __init__(self, jitted, in_tree, check_args):
+    def __init__(self, jitted, in_tree, check_args=None):
         self._jitted, self._in_tree, self._check_args = jitted, in_tree, check_args
         functools.update_wrapper(self, jitted)
 
-    def _check_tree(self, args) -> None:
-        if jax.tree_util.tree_structure(args) != self._in_tree:
-            self._check_args(args)   # raises, naming what differs
+    def _held(self, args) -> tuple:
+        held = hold_static_leaves(args)
+        if jax.tree_util.tree_structure(held) != self._in_tree:
+            if self._check_args is not None:
+                self._check_args(held)   # raises, naming what differs
+            from autoshard.errors import PlanError
+            raise PlanError(f"arguments have structure {jax.tree_util.tree_structure(held)}; "
+                            f"the plan was made for {self._in_tree} (static leaves of modules "
+                            "must be the same)")
+        return held
 
     def __call__(self, *args):
-        self._check_tree(args)
-        return self._jitted(*args)
+        return release_static_leaves(self._jitted(*self._held(args)))
 
     def lower(self, *args, **kwargs):
-        self._check_tree(args)
-        return self._jitted.lower(*args, **kwargs)
+        return self._jitted.lower(*self._held(args), **kwargs)
 
     def trace(self, *args, **kwargs):
-        self._check_tree(args)
-        return self._jitted.trace(*args, **kwargs)
+        return self._jitted.trace(*self._held(args), **kwargs)
 
     def __getattr__(self, name):
         return getattr(self._jitted, name)

@@ -26,6 +26,7 @@ from autoshard.breakdown import CostItem
 from autoshard.errors import AutoshardError, MeshError, PlanError
 from autoshard.hardware import Hardware
 from autoshard.specs import Spec
+from autoshard.trace import static_as_none
 
 FORMAT_VERSION = 1
 
@@ -190,15 +191,18 @@ class Plan:
 
     @property
     def in_shardings(self):
-        """Pytree of NamedSharding matching the arguments."""
+        """Pytree of NamedSharding matching the arguments (None at the static leaves of
+        equinox modules)."""
         tree = self._require_program("in_shardings")[1]
-        return jax.tree_util.tree_unflatten(tree, [self._sharding(s) for s in self.in_specs])
+        return static_as_none(
+            jax.tree_util.tree_unflatten(tree, [self._sharding(s) for s in self.in_specs]))
 
     @property
     def out_shardings(self):
         """Pytree of NamedSharding matching the outputs."""
         tree = self._require_program("out_shardings")[2]
-        return jax.tree_util.tree_unflatten(tree, [self._sharding(s) for s in self.out_specs])
+        return static_as_none(
+            jax.tree_util.tree_unflatten(tree, [self._sharding(s) for s in self.out_specs]))
 
     def _require_program(self, what: str):
         if self._program is None:
@@ -209,7 +213,7 @@ class Plan:
     def bind(self, fn, *args) -> "Plan":
         """Attach the program to a plan loaded from JSON; checks it is the same program."""
         from autoshard.accumulate import microbatching
-        from autoshard.trace import flatten_args
+        from autoshard.trace import flatten_args, hold_static_leaves, release_static_leaves
         validate.function(fn)
         leaves, _, in_tree = flatten_args(fn, args)
         if len(leaves) == len(self.arguments):
@@ -220,7 +224,8 @@ class Plan:
                                 f"for another program: {e}") from None
 
         def flat_fn(*flat):
-            return fn(*jax.tree_util.tree_unflatten(in_tree, flat))
+            out = fn(*release_static_leaves(jax.tree_util.tree_unflatten(in_tree, flat)))
+            return hold_static_leaves(out)
         with validate.tracing(fn), microbatching(self.microbatching, mesh=self.mesh):
             closed, out_shapes = jax.make_jaxpr(flat_fn, return_shape=True)(*leaves)
         found = program_fingerprint(closed, leaves)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import inspect as pyinspect
 import numbers
+import sys
 from typing import Any, Callable, Sequence
 
 import jax
@@ -64,10 +65,76 @@ def abstractify(path: str, leaf) -> jax.ShapeDtypeStruct:
                      "jax.ShapeDtypeStruct or numbers as leaves (close over other values)")
 
 
+@jax.tree_util.register_pytree_node_class
+class Static:
+    """A leaf held out of tracing: a node with no children whose value rides in the tree
+    structure, so two trees are alike only where their static values are equal."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def tree_flatten(self):
+        return (), self.value
+
+    @classmethod
+    def tree_unflatten(cls, value, children):
+        return cls(value)
+
+    def __repr__(self) -> str:
+        return f"Static({self.value!r})"
+
+
+def is_array_like(leaf) -> bool:
+    return isinstance(leaf, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct))
+
+
+def hold_static_leaves(tree):
+    """``tree`` with the non-array leaves of every ``equinox.Module`` in it (functions,
+    ints, strings, activation callables) held as ``Static``, as ``eqx.filter_jit`` treats
+    them. Leaves outside modules are left alone."""
+    eqx = sys.modules.get("equinox")
+    if eqx is None:   # no module can be an equinox.Module
+        return tree
+
+    def is_module(x):
+        return isinstance(x, eqx.Module)
+
+    def hold(x):
+        if not is_module(x):
+            return x
+        return jax.tree_util.tree_map(lambda leaf: leaf if is_array_like(leaf) else Static(leaf),
+                                      x)
+    return jax.tree_util.tree_map(hold, tree, is_leaf=is_module)
+
+
+def release_static_leaves(tree):
+    """The inverse of ``hold_static_leaves``: every ``Static`` replaced by its value."""
+    return jax.tree_util.tree_map(lambda x: x.value if isinstance(x, Static) else x, tree,
+                                  is_leaf=lambda x: isinstance(x, Static))
+
+
+def has_static_leaves(tree_def) -> bool:
+    """Whether a tree structure holds ``Static`` nodes."""
+    tree = jax.tree_util.tree_unflatten(tree_def, [0] * tree_def.num_leaves)
+    return any(isinstance(x, Static) for x in
+               jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, Static)))
+
+
+def static_as_none(tree):
+    """``tree`` with every ``Static`` node replaced by None (the static leaves' place in
+    in/out shardings, as ``eqx.partition`` leaves it in the array half)."""
+    return jax.tree_util.tree_map(lambda x: None if isinstance(x, Static) else x, tree,
+                                  is_leaf=lambda x: isinstance(x, Static))
+
+
 def flatten_args(fn: Callable, args: Sequence) -> tuple[list, list[str], Any]:
-    """Flat abstract leaves, their paths as a user writes them, and the tree."""
+    """Flat abstract leaves, their paths as a user writes them, and the tree (static
+    leaves of equinox modules held in it, see ``hold_static_leaves``)."""
     names = argument_names(fn, len(args))
-    leaves_with_paths, in_tree = jax.tree_util.tree_flatten_with_path(tuple(args))
+    leaves_with_paths, in_tree = jax.tree_util.tree_flatten_with_path(
+        hold_static_leaves(tuple(args)))
     paths, leaves = [], []
     for key_path, leaf in leaves_with_paths:
         head, rest = key_path[0], key_path[1:]
@@ -257,7 +324,8 @@ def trace_program(fn: Callable, *args) -> Program:
     leaves, paths, in_tree = flatten_args(fn, args)
 
     def flat_fn(*flat):
-        out = fn(*jax.tree_util.tree_unflatten(in_tree, flat))
+        out = hold_static_leaves(fn(*release_static_leaves(
+            jax.tree_util.tree_unflatten(in_tree, flat))))
         validate.output_leaves(jax.tree_util.tree_flatten_with_path(out)[0])
         return out
 

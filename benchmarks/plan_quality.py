@@ -10,6 +10,9 @@ beside the compiled figures of the auto plan.
 Run: python benchmarks/plan_quality.py [--cases gpt,moe,resnet,inference,gpt_budget]
                                        [--meshes 8,2x4,8x2] [--json out.json]
      python benchmarks/plan_quality.py --cases mlp,vit,gpt_scan      # the rest of the zoo
+     python benchmarks/plan_quality.py --cases corpus --meshes 8,2x4 # models from the
+         libraries people use (autoshard.testing.corpus; pip install -e ".[corpus]"), or
+         a comma list of gpt2, llama, bert, equinox_lm, haiku_lm, keras_lm, linen_cnn
 """
 
 import argparse
@@ -21,6 +24,7 @@ import time
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=16").strip()
+os.environ.setdefault("KERAS_BACKEND", "jax")
 
 import jax  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
@@ -97,6 +101,18 @@ def inference_case() -> Case:
                 lambda mesh, ins: NamedSharding(mesh, P()))
 
 
+def corpus_case(name: str) -> Case:
+    """A model from autoshard.testing.corpus, its step as the library's users write it."""
+    from autoshard.testing import corpus
+    case = corpus.build(name)
+    return Case(f"{name}", case.held_fn, case.abstract_args(),
+                {e: (lambda mesh, e=e: case.expert_in_shardings(mesh, e))
+                 for e in case.expert_names()},
+                case.expert_out_shardings)
+
+
+CORPUS = ("gpt2", "llama", "bert", "equinox_lm", "haiku_lm", "keras_lm", "linen_cnn")
+
 CASES = {
     "gpt": lambda: zoo_case("gpt"),
     "moe": lambda: zoo_case("moe"),
@@ -108,7 +124,10 @@ CASES = {
     "mlp": lambda: zoo_case("mlp"),
     "vit": lambda: zoo_case("vit"),
     "gpt_scan": lambda: zoo_case("gpt_scan"),
+    # models from the libraries people use (tiny configs, dropout on)
+    **{name: (lambda name=name: corpus_case(name)) for name in CORPUS},
 }
+GROUPS = {"corpus": CORPUS}
 DEFAULT_CASES = ("gpt", "moe", "resnet", "inference", "gpt_budget")
 
 
@@ -203,12 +222,13 @@ def print_tables(rows: list[Row]) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=",".join(DEFAULT_CASES),
-                        help=f"comma-separated, from {', '.join(CASES)}")
+                        help=f"comma-separated, from {', '.join(CASES)}, or corpus")
     parser.add_argument("--meshes", default=",".join(MESHES))
     parser.add_argument("--json", default=None, help="write every row to this file")
     args = parser.parse_args(argv)
     rows = []
-    for case_name in args.cases.split(","):
+    names = [n for group in args.cases.split(",") for n in GROUPS.get(group, (group,))]
+    for case_name in names:
         case = CASES[case_name]()
         for mesh_name in args.meshes.split(","):
             started = time.perf_counter()
