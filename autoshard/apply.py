@@ -32,6 +32,14 @@ class Decision:
     out_specs: tuple[Spec | None, ...] = ()
 
 
+# Where the start indices begin among each primitive's operands. XLA's simplifier folds
+# the slice that splits a dynamic slice's result (a reader asking for it split, however
+# far downstream) into the dynamic slice itself, offsetting the start per device: each
+# device then clamps its own start, and a start that can be clamped gives wrong rows. An
+# optimization barrier on the result keeps the slice apart.
+DYNAMIC_STARTS = {"dynamic_slice": 1, "dynamic_update_slice": 2}
+
+
 class Rewriter:
     def __init__(self, decisions: Mapping[tuple, Decision], mesh: Mesh):
         self.decisions = decisions
@@ -86,6 +94,9 @@ class Rewriter:
         ins = self.constrain_all(ins, decision.in_specs)
         outs = eqn.primitive.bind(*ins, **eqn.params)
         outs = list(outs) if eqn.primitive.multiple_results else [outs]
+        if name in DYNAMIC_STARTS and any(
+                not isinstance(v, Literal) for v in eqn.invars[DYNAMIC_STARTS[name]:]):
+            outs = list(lax.optimization_barrier(outs))
         return self.constrain_all(outs, decision.out_specs)
 
     def seam(self, key, x, which="out"):

@@ -245,7 +245,7 @@ LETTERS = "ijklmnopqrs"
 
 
 def op_einsum(b: Builder):
-    x = b.pick()
+    x = b.pick(min_rank=1)
     rank = len(x.shape)
     roles = [b.draw.choice(("free", "contract", "contract", "batch")) for _ in range(rank)]
     if "contract" not in roles and b.draw.chance(0.7):
