@@ -116,3 +116,29 @@ def test_zero_size_arrays_stay_replicated(mesh_2d):
         assert not any(any(spec) for spec in made + read)
     got = jax.device_get(plan.jit()(x))
     assert got[0].shape == (64, 0) and np.array_equal(got[1], np.zeros(64, np.float32))
+
+
+def test_split_scatter_add_into_zeros_plus_a_whole_value(mesh_2d):
+    """``y + scatter_add(zeros, i, u)`` with the scatter split over the rows it writes and
+    ``y`` whole: unguarded, XLA folds it into ``scatter_add(y, i, u)`` and adds ``y`` on
+    the wrong rows (the gradient of ``min`` plus ``top_k``)."""
+    x = np.random.default_rng(0).standard_normal((32, 16)).astype(np.float32)
+    numbers = lax.ScatterDimensionNumbers(update_window_dims=(), inserted_window_dims=(0,),
+                                          scatter_dims_to_operand_dims=(0,))
+
+    def fn(x):
+        low = jnp.min(x, axis=0)
+        top, at = lax.top_k(low, 1)
+        picked = lax.scatter_add(jnp.zeros(16), at.reshape(1, 1), 2.0 * top, numbers)
+        return 2.0 * low + picked
+
+    eqns = jax.make_jaxpr(fn)(x).jaxpr.eqns
+    whole, split = ((),), (("data", "model"),)
+    specs_by_primitive = {"mul": whole, "broadcast_in_dim": split, "scatter-add": split,
+                          "add": split}
+    decisions = {(i,): Decision((), (specs_by_primitive[e.primitive.name],))
+                 for i, e in enumerate(eqns) if e.primitive.name in specs_by_primitive}
+    jitted = make_jit(jax.make_jaxpr(fn)(x), jax.tree_util.tree_structure((x,)),
+                      jax.tree_util.tree_structure(fn(x)), decisions, mesh_2d,
+                      [((), ())], [split])
+    np.testing.assert_allclose(jitted(x), jax.jit(fn)(x), rtol=1e-6)
