@@ -171,6 +171,7 @@ class Builder:
         self.values: list[Value] = []
         self.lines: list[str] = []
         self.helpers: list[str] = []
+        self.constants: list[str] = []   # module-level arrays the program closes over
 
     def fresh(self, prefix: str = "v") -> str:
         return f"{prefix}{len(self.values) + len(self.args) + len(self.helpers)}"
@@ -270,6 +271,17 @@ def op_einsum(b: Builder):
     scale = f" * {1 / math.sqrt(contracted):.6g}" if contracted > 1 else ""
     return b.emit(f"jnp.einsum('{x_labels},{y_labels}->{out_labels}', {x.name}, {y.name}){scale}",
                   [sizes[l] for l in out_labels], x.dtype)
+
+
+def op_closure(b: Builder):
+    """Read an array the function closes over (a RoPE table, a mask)."""
+    x = b.pick()
+    name = f"TABLE{len(b.constants)}"
+    shape = [1 if b.draw.chance(0.3) else d for d in x.shape]
+    n = math.prod(shape)
+    b.constants.append(f"{name} = jnp.linspace(-1.0, 1.0, {n}, dtype=jnp.{x.dtype})"
+                       f".reshape({tuple(shape)})")
+    return b.emit(f"{x.name} * {name} + {name}", x.shape, x.dtype)
 
 
 def op_reduce(b: Builder):
@@ -412,7 +424,7 @@ def op_loop(b: Builder):
     return b.emit(f"{name}({x.name})", x.shape, x.dtype)
 
 
-OPS = ((op_unary, 3), (op_binary, 3), (op_einsum, 3), (op_reduce, 2), (op_reshape, 2),
+OPS = ((op_unary, 3), (op_binary, 3), (op_closure, 1), (op_einsum, 3), (op_reduce, 2), (op_reshape, 2),
        (op_concat_slice, 2), (op_gather, 2), (op_dynamic_slice, 2), (op_sort, 2),
        (op_loop, 3))
 _OP_TABLE = [op for op, weight in OPS for _ in range(weight)]
@@ -433,14 +445,17 @@ def generate(draw: Draw, max_ops: int = 6) -> Case:
         loss = " + ".join(f"jnp.sum({v.name}.astype(jnp.float32) ** 2)" for v in terms)
         body = b.lines + [f"return {loss}"]
         header = f"def loss({', '.join(a.name for a in b.args)}):"
-        source = "\n".join([PRELUDE, "", header] + ["    " + l for l in body] +
+        source = "\n".join([PRELUDE, *b.constants, "", header] + ["    " + l for l in body] +
                            ["", "", "fn = jax.value_and_grad(loss, argnums=0)", ""])
     else:
-        outs = [v.name for v in produced[-draw.integer(1, 2):]]
+        out_values = produced[-draw.integer(1, 2):]
+        outs = [v.name for v in out_values]
         header = f"def fn({', '.join(a.name for a in b.args)}):"
         body = b.lines + [f"return ({', '.join(outs)},)"]
-        source = "\n".join([PRELUDE, "", header] + ["    " + l for l in body] + [""])
+        source = "\n".join([PRELUDE, *b.constants, "", header] + ["    " + l for l in body]
+                           + [""])
     args = tuple(b.args)
+    first_out = args[0] if differentiable else out_values[0]
     mesh = draw.choice(tuple(MESHES))
     sizes = dict(zip(MESHES[mesh][1], MESHES[mesh][0]))
     pins = []
@@ -452,6 +467,10 @@ def generate(draw: Draw, max_ops: int = 6) -> Case:
                                    for ax in spec)))
     donate = tuple(i for i in range(len(args)) if draw.chance(0.15))
     budget = draw.choice((None,) * 6 + ("tight", "below_floor"))
+    if not donate and budget is None and draw.chance(0.15):   # an output pin
+        spec = draw.choice(list(specs.enumerate_specs(first_out.shape, sizes)))
+        pins.append(("out[1]" if differentiable else "out[0]", tuple(
+            ax if len(ax) > 1 else (ax[0] if ax else None) for ax in spec)))
     return Case(source, args, mesh, draw.choice(("h100", "cheap_links")), tuple(pins),
                 donate, budget, draw.integer(0, 2 ** 16))
 
