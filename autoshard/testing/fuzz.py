@@ -37,7 +37,7 @@ from jax.sharding import PartitionSpec
 
 import autoshard
 from autoshard import specs
-from autoshard.errors import AutoshardError, MemoryBudgetError
+from autoshard.errors import MemoryBudgetError
 
 MESHES = {"8": ((8,), ("a",)), "2x4": ((2, 4), ("x", "y")), "4x2": ((4, 2), ("x", "y"))}
 DIMS = (1, 2, 3, 4, 5, 6, 8, 8, 16, 16, 32)
