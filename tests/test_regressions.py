@@ -18,11 +18,14 @@ def eqn_index(fn, args, primitive: str) -> int:
     return next(i for i, e in enumerate(eqns) if e.primitive.name == primitive)
 
 
+@pytest.mark.parametrize("arrives_split", [False, True])
 @pytest.mark.parametrize("start", [-3, 0, 12, 24, 27, 40])
-def test_dynamic_slice_with_a_clamped_start_read_split_downstream(mesh_1d, start):
-    """The slice's result is kept whole, then its reader splits it on the sliced dim.
-    Unguarded, XLA folds that split into the dynamic slice, each device clamps its own
-    offset start and a clamped start reads wrong rows."""
+def test_dynamic_slice_with_a_clamped_start_read_split_downstream(mesh_1d, start,
+                                                                  arrives_split):
+    """The sliced array arrives whole or split (then is gathered), the slice's result is
+    kept whole, and its reader splits it on the sliced dim. Unguarded, XLA folds that
+    split into the dynamic slice, each device clamps its own offset start and a clamped
+    start reads wrong rows."""
     x = np.arange(32 * 16, dtype=np.float32).reshape(32, 16)
 
     def fn(x, i):
@@ -32,10 +35,12 @@ def test_dynamic_slice_with_a_clamped_start_read_split_downstream(mesh_1d, start
     closed = jax.make_jaxpr(fn)(*args)
     ds, mul = eqn_index(fn, args, "dynamic_slice"), eqn_index(fn, args, "mul")
     whole, split = ((), ()), (("data",), ())
-    decisions = {(ds,): Decision((), (whole,)), (mul,): Decision((split, None), (split,))}
+    decisions = {(ds,): Decision((whole, None, None), (whole,)),
+                 (mul,): Decision((split, None), (split,))}
     in_tree = jax.tree_util.tree_structure(args)
     out_tree = jax.tree_util.tree_structure(fn(*args))
-    jitted = make_jit(closed, in_tree, out_tree, decisions, mesh_1d, [whole, ()], [split])
+    jitted = make_jit(closed, in_tree, out_tree, decisions, mesh_1d,
+                      [split if arrives_split else whole, ()], [split])
     np.testing.assert_array_equal(jitted(*args), fn(*args))
 
 
