@@ -117,8 +117,8 @@ def printer(verbose: bool, total: int):
             if record.get("reproducer"):
                 print(f"--- reproducer (python benchmarks/fuzz.py --replay {record['seed']}):\n"
                       f"{record['reproducer']}")
-        elif kind == "infeasible" and verbose:
-            print(f"seed {record['seed']}: infeasible: {record['detail']}")
+        elif kind in ("infeasible", "refused") and verbose:
+            print(f"seed {record['seed']}: {kind}: {record['detail']}")
         sys.stdout.flush()
         return record
     return report
@@ -134,7 +134,9 @@ def summary(records: list[dict], seconds: float) -> str:
              f"  wrong numbers: {counts['wrong']}",
              f"  hangs:         {counts['hang']}",
              f"  clean errors on inputs with no plan: {counts['infeasible']} "
-             "(each budget below what the arguments need at their most split)"]
+             "(each budget below what the arguments need at their most split)",
+             f"  budgets refused above that floor: {counts['refused']} (each below what the "
+             "unsplit program needs, and below every plan the planner can express)"]
     if failed:
         lines.append(f"  failing seeds: {failed}")
     return "\n".join(lines)

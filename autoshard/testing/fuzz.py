@@ -521,7 +521,7 @@ def budget_bytes(case: Case, args, pins: dict) -> float | None:
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    kind: str            # "ok", "infeasible", "crash", "wrong"
+    kind: str            # "ok", "infeasible", "refused", "crash", "wrong"
     detail: str = ""
     splits: bool = False   # the plan splits some value over a mesh axis
 
@@ -556,8 +556,7 @@ def check(case: Case) -> Outcome:
         if case.budget == "below_floor":
             return Outcome("infeasible", f"budget {budget:.0f} B is below the {2 * budget:.0f} B "
                            f"the arguments need at their most split: {e}")
-        return Outcome("crash", "planner refused a budget above the floor: "
-                       + traceback.format_exc(limit=2))
+        return refused(fn, args, budget, e)
     except Exception:
         return Outcome("crash", "planning raised:\n" + traceback.format_exc())
     if case.budget == "below_floor":
@@ -575,6 +574,27 @@ def check(case: Case) -> Outcome:
             return Outcome("wrong", f"argument a{i} (not donated) was altered")
     outcome = compare(got, want, any(a.dtype == "bfloat16" for a in case.args))
     return dataclasses.replace(outcome, splits=splits(plan))
+
+
+def whole_program_bytes(fn, args) -> float:
+    """What XLA holds on one device running ``fn`` unsplit: arguments, outputs and
+    temporaries, less what outputs alias."""
+    m = jax.jit(fn).lower(*args).compile().memory_analysis()
+    return (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+            - m.alias_size_in_bytes)
+
+
+def refused(fn, args, budget: float, error: MemoryBudgetError) -> Outcome:
+    """A ``tight`` budget the planner found no plan for. A crash where running the program
+    unsplit fits it (a plan the planner should have found); otherwise ``refused``: above
+    what the arguments need at their most split, so not proven infeasible, but below what
+    the program needs unsplit, and no plan the planner can express fits."""
+    whole = whole_program_bytes(fn, args)
+    if whole <= budget:
+        return Outcome("crash", f"the planner refused a budget of {budget:.0f} B that the "
+                       f"unsplit program fits ({whole:.0f} B): {error}")
+    return Outcome("refused", f"budget {budget:.0f} B: the unsplit program needs {whole:.0f} B "
+                   f"and {error}")
 
 
 def splits(plan) -> bool:
