@@ -34,6 +34,19 @@ class Decision:
     out_specs: tuple[Spec | None, ...] = ()
 
 
+# Where the start indices begin among each primitive's operands. XLA's simplifier folds
+# the slice that splits a dynamic slice's result (a reader asking for it split, however
+# far downstream) into the dynamic slice itself, offsetting the start per device: each
+# device then clamps its own start, and a start that can be clamped gives wrong rows. An
+# optimization barrier on the result keeps the slice apart.
+DYNAMIC_STARTS = {"dynamic_slice": 1, "dynamic_update_slice": 2}
+# A split scatter's result is kept apart the same way: XLA folds ``y + scatter(zeros)``
+# into ``scatter(y)``, and with the scatter split and ``y`` whole, adds ``y`` on the wrong
+# rows.
+SCATTERS = frozenset({"scatter-add", "scatter_add", "scatter", "scatter-mul", "scatter_mul",
+                      "scatter-min", "scatter_min", "scatter-max", "scatter_max"})
+
+
 class Rewriter:
     def __init__(self, decisions: Mapping[tuple, Decision], mesh: Mesh):
         self.decisions = decisions
@@ -88,6 +101,12 @@ class Rewriter:
         ins = self.constrain_all(ins, decision.in_specs)
         outs = eqn.primitive.bind(*ins, **eqn.params)
         outs = list(outs) if eqn.primitive.multiple_results else [outs]
+        if name in DYNAMIC_STARTS and any(
+                not isinstance(v, Literal) for v in eqn.invars[DYNAMIC_STARTS[name]:]):
+            outs = list(lax.optimization_barrier(outs))
+        elif name in SCATTERS and any(axes for spec in decision.out_specs if spec
+                                      for axes in spec):
+            outs = list(lax.optimization_barrier(outs))
         return self.constrain_all(outs, decision.out_specs)
 
     def seam(self, key, x, which="out"):

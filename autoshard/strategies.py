@@ -19,7 +19,7 @@ from autoshard import specs
 from autoshard.errors import PinError
 from autoshard.graph import Graph, Node
 from autoshard.hardware import Hardware
-from autoshard.rules import Einsum, rule_for
+from autoshard.rules import RULES, Einsum, rule_for
 from autoshard.specs import Spec
 
 REPLICATED_BELOW_ELEMENTS = 1024   # arrays this small are kept whole
@@ -445,9 +445,12 @@ def trailing_ancestors(graph: Graph, strategies: Sequence[Sequence[Strategy]],
 
 
 def node_strategies(node: Node, einsum: Einsum, out_values, pin: Spec | None,
-                    ctx: _Context) -> list[Strategy]:
+                    ctx: _Context, whole: tuple = ((), ())) -> list[Strategy]:
+    """``whole``: per operand and per result, whether it must stay unsplit."""
     found = einsum_strategies(node, einsum, [v.shape for v in out_values],
                               [v.dtype for v in out_values], ctx)
+    if any(whole[0]) or any(whole[1]):   # the replicated strategy always survives
+        found = keep_whole(found, *whole)
     if pin is not None:  # filter before prune's cap, so a pinned spec survives it
         found = [s for s in found if specs_match(s.out_specs[0], pin)]
         if not found:
@@ -460,6 +463,29 @@ def specs_match(spec: Spec, pin) -> bool:
     """``spec`` is ``pin``, where a pin's ``None`` dims (left to the planner) take any axes."""
     return spec == pin or len(spec) == len(pin) and all(
         p is None or p == d for d, p in zip(spec, pin))
+
+
+def whole_values(graph: Graph) -> list[bool]:
+    """Per value: kept whole by every reader. Zero-size arrays (nothing to split, and XLA
+    cannot read a split one back), and results of primitives without a rule: XLA's
+    partitioner may push a split its reader asks for back into the primitive (an fft),
+    which then fails at run time."""
+    flags = []
+    for value in graph.values:
+        node = graph.nodes[value.producer]
+        flags.append(math.prod(value.shape) == 0
+                     or node.kind == "eqn" and node.primitive not in RULES)
+    return flags
+
+
+def keep_whole(found: list[Strategy], whole_in: tuple[bool, ...],
+               whole_out: tuple[bool, ...]) -> list[Strategy]:
+    """The strategies that split no operand or result flagged whole (``whole_values``)."""
+    def splits(spec_list, flags):
+        return any(flag and spec is not None and any(spec)
+                   for spec, flag in zip(spec_list, flags))
+    return [s for s in found
+            if not splits(s.in_specs, whole_in) and not splits(s.out_specs, whole_out)]
 
 
 def hashable(value):
@@ -499,6 +525,7 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
             rules_seen[signature] = rule_for(node, [graph.values[v].shape for v in node.outputs])
         einsums.append(rules_seen[signature])
     materialized = materialized_values(graph, einsums)
+    unsplit = whole_values(graph)
     all_strategies = []
     known: dict = {}   # a repeated layer's nodes (and arguments of a shape) share strategies
     combining = frozenset(combined_kinds)
@@ -518,11 +545,13 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
             continue
         reads = tuple(v is not None and materialized[v] for v in node.operands)
         writes = tuple(materialized[v.id] for v in out_values)
-        key = (signatures[node.id], reads, writes, trailing[node.id], pins.get(node.id))
+        whole = (tuple(v is not None and unsplit[v] for v in node.operands),
+                 tuple(unsplit[v.id] for v in out_values))
+        key = (signatures[node.id], reads, writes, trailing[node.id], pins.get(node.id), whole)
         if key not in known:
             known[key] = tuple(node_strategies(node, einsum, out_values, pins.get(node.id),
                                                _Context(axis_sizes, hw, (reads, writes),
-                                                        combining)))
+                                                        combining), whole))
         all_strategies.append(known[key])
     return StrategySpace(graph, tuple(all_strategies), tuple(einsums), tuple(materialized),
                          dict(axis_sizes), hw, tuple(trailing))

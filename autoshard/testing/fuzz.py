@@ -1,0 +1,628 @@
+"""Random JAX programs for fuzzing the planner, and the check every one must pass.
+
+A program is drawn op by op from a ``Draw`` (``RandomDraw`` for a seeded campaign,
+``HypothesisDraw`` inside a hypothesis test) and written out as Python source, so a
+failure prints as a program a user can run. Its arguments are made lazily, as ops ask
+for operands of a shape: undividable and size-1 dims, f32, bf16 and int32. A case adds a
+mesh ((8,), (2, 4) or (4, 2)), a hardware model (an H100, or one whose links are so cheap
+that splitting tiny arrays pays), and sometimes pins, donation and a memory budget.
+
+``check(case)`` plans the program, runs the plan's jit and compares it with ``jax.jit``
+of the unsharded function. Its ``Outcome`` is ``ok``, ``infeasible`` (a clean
+``AutoshardError`` where the input has no plan, with the reason), ``crash`` or ``wrong``.
+
+Example::
+
+    case = generate(RandomDraw(seed=7))
+    print(case.source)
+    print(check(case).kind)
+
+Values that decide something discrete (gather indices, dynamic-slice starts, ``cond``
+predicates, loop trip counts) come from int32 arguments: integer arithmetic is exact in
+any order, so a sharded run must decide exactly as the unsharded one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import traceback
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec
+
+import autoshard
+from autoshard import specs
+from autoshard.errors import MemoryBudgetError
+
+MESHES = {"8": ((8,), ("a",)), "2x4": ((2, 4), ("x", "y")), "4x2": ((4, 2), ("x", "y"))}
+DIMS = (1, 2, 3, 4, 5, 6, 8, 8, 16, 16, 32)
+# links so fast and compute so slow that splitting even tiny arrays pays
+CHEAP_LINKS = autoshard.Hardware(flops=1e6, hbm_bandwidth=1e6, memory=80e9,
+                                 link_bandwidth=1e12, link_latency=1e-12)
+HARDWARE = {"h100": autoshard.Hardware(), "cheap_links": CHEAP_LINKS}
+TOLERANCE = {"float32": (2e-4, 2e-4), "bfloat16": (6e-2, 6e-2), "int32": (0, 0), "bool": (0, 0)}
+
+PRELUDE = '''import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+@jax.custom_jvp
+def gelu(x):
+    return 0.5 * x * (1 + jnp.tanh(0.7978845608 * (x + 0.044715 * x ** 3)))
+
+
+@gelu.defjvp
+def gelu_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return gelu(x), t * jax.grad(lambda y: jnp.sum(
+        0.5 * y * (1 + jnp.tanh(0.7978845608 * (y + 0.044715 * y ** 3)))))(x)
+
+
+@jax.custom_jvp
+def relu(x):
+    return jnp.maximum(x, 0)
+
+
+@relu.defjvp
+def relu_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return relu(x), jnp.where(x > 0, t, jnp.zeros_like(t))
+'''
+
+
+class Draw:
+    """Where a program's choices come from."""
+
+    def integer(self, lo: int, hi: int) -> int:   # inclusive
+        raise NotImplementedError
+
+    def choice(self, options: Sequence):
+        return options[self.integer(0, len(options) - 1)]
+
+    def chance(self, p: float) -> bool:
+        return self.integer(0, 999) < p * 1000
+
+
+class RandomDraw(Draw):
+    """Choices from ``random.Random(seed)``: one seed, one program."""
+
+    def __init__(self, seed: int):
+        self.rng = random.Random(seed)
+
+    def integer(self, lo, hi):
+        return self.rng.randint(lo, hi)
+
+
+class HypothesisDraw(Draw):
+    """Choices from hypothesis's ``st.data()``, so failures shrink to small programs."""
+
+    def __init__(self, data):
+        from hypothesis import strategies as st
+        self.data, self.st = data, st
+
+    def integer(self, lo, hi):
+        return self.data.draw(self.st.integers(lo, hi))
+
+
+@dataclasses.dataclass(frozen=True)
+class Value:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str   # "float32", "bfloat16", "int32"
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype != "int32"
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """A generated program and everything needed to plan and run it."""
+    source: str                       # defines ``fn``
+    args: tuple[Value, ...]
+    mesh: str                         # a key of MESHES
+    hardware: str                     # a key of HARDWARE
+    pins: tuple[tuple[str, tuple], ...] = ()   # (argument name, spec as PartitionSpec args)
+    donate_argnums: tuple[int, ...] = ()
+    budget: str | None = None         # None, "tight" or "below_floor"
+    value_seed: int = 0
+
+    def reproducer(self) -> str:
+        """A script that plans and runs the program as ``check`` does and prints how far
+        the plan's outputs are from the unsharded run's."""
+        pins = {name: PartitionSpec(*spec) for name, spec in self.pins}
+        args = [make_arg(a.shape, a.dtype, self.value_seed, i) for i, a in enumerate(self.args)]
+        made = ", ".join(f"fuzz.make_arg({a.shape}, {a.dtype!r}, {self.value_seed}, {i})"
+                         for i, a in enumerate(self.args))
+        return "\n".join([
+            "import os",
+            "os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'",
+            self.source,
+            "import numpy as np",
+            "import autoshard",
+            "from jax.sharding import PartitionSpec",
+            "from autoshard.testing import fuzz",
+            "",
+            f"args = [{made}]",
+            f"mesh = autoshard.make_mesh{MESHES[self.mesh]}",
+            f"plan = autoshard.plan(fn, *args, mesh=mesh, hardware=autoshard.{HARDWARE[self.hardware]!r},",
+            f"                      pins={pins or None!r}, donate_argnums={self.donate_argnums},",
+            f"                      memory_budget={budget_bytes(self, args, pins)!r}, cache=False,",
+            "                      progress=False)",
+            "got = plan.jit()(*[jax.device_put(x, s) for x, s in zip(args, plan.in_shardings)])",
+            "print(fuzz.compare(jax.device_get(got), jax.jit(fn)(*args), "
+            f"bf16_inside={any(a.dtype == 'bfloat16' for a in self.args)}))",
+        ])
+
+
+class Builder:
+    """Writes a program's body line by line, making arguments as ops ask for them."""
+
+    def __init__(self, draw: Draw, differentiable: bool):
+        self.draw = draw
+        self.differentiable = differentiable   # value_and_grad: no while loops, no ints out
+        self.args: list[Value] = []
+        self.values: list[Value] = []
+        self.lines: list[str] = []
+        self.helpers: list[str] = []
+        self.constants: list[str] = []   # module-level arrays the program closes over
+
+    def fresh(self, prefix: str = "v") -> str:
+        return f"{prefix}{len(self.values) + len(self.args) + len(self.helpers)}"
+
+    def arg(self, shape, dtype) -> Value:
+        value = Value(f"a{len(self.args)}", tuple(shape), dtype)
+        self.args.append(value)
+        self.values.append(value)
+        return value
+
+    def emit(self, expr: str, shape, dtype) -> Value:
+        value = Value(self.fresh(), tuple(int(d) for d in shape), dtype)
+        self.lines.append(f"{value.name} = {expr}")
+        self.values.append(value)
+        return value
+
+    def shape(self, rank: int | None = None) -> tuple[int, ...]:
+        rank = self.draw.integer(1, 3) if rank is None else rank
+        return tuple(self.draw.choice(DIMS) for _ in range(rank))
+
+    def float_dtype(self) -> str:
+        return self.draw.choice(("float32", "float32", "bfloat16"))
+
+    def pick(self, floats_only: bool = True, min_rank: int = 0) -> Value:
+        found = [v for v in self.values if (v.is_float or not floats_only)
+                 and len(v.shape) >= min_rank]
+        if found and self.draw.chance(0.85):
+            return found[self.draw.integer(max(0, len(found) - 4), len(found) - 1)]
+        return self.arg(self.shape(self.draw.integer(max(1, min_rank), 3)), self.float_dtype())
+
+    def like(self, shape, dtype) -> Value:
+        """An operand of exactly this shape and dtype: an existing value or a new argument."""
+        found = [v for v in self.values if v.shape == tuple(shape) and v.dtype == dtype]
+        if found and self.draw.chance(0.5):
+            return self.draw.choice(found)
+        return self.arg(shape, dtype)
+
+    def index_arg(self, shape=(4,)) -> Value:
+        found = [v for v in self.args if v.dtype == "int32" and v.shape == tuple(shape)]
+        return found[0] if found else self.arg(shape, "int32")
+
+
+# --- ops: each reads the builder's values and emits one or a few lines ------------------
+
+def op_unary(b: Builder):
+    x = b.pick(floats_only=False)
+    if not x.is_float:
+        expr = b.draw.choice(("{x} * 2 + 1", "jnp.abs({x})", "{x} % 3", "-{x}"))
+        return b.emit(expr.format(x=x.name), x.shape, x.dtype)
+    expr = b.draw.choice(("jnp.tanh({x})", "jnp.sin({x})", "relu({x})", "gelu({x})",
+                          "jax.nn.relu({x})", "{x} * {x}", "-{x}", "jnp.log1p(jnp.abs({x}))",
+                          "jax.nn.sigmoid({x})", "jnp.exp(-jnp.abs({x}))"))
+    return b.emit(expr.format(x=x.name), x.shape, x.dtype)
+
+
+def op_binary(b: Builder):
+    x = b.pick()
+    if b.draw.chance(0.5):   # broadcast: size-1 dims, or fewer leading dims
+        shape = [1 if b.draw.chance(0.4) else d for d in x.shape]
+        shape = shape[b.draw.integer(0, len(shape)):] if b.draw.chance(0.3) else shape
+        y = b.like(shape, b.draw.choice((x.dtype, x.dtype, "float32")))
+    else:
+        y = b.like(x.shape, x.dtype)
+    dtype = x.dtype if x.dtype == y.dtype else "float32"
+    expr = b.draw.choice(("{x} + {y}", "{x} - {y}", "{x} * {y}", "jnp.maximum({x}, {y})",
+                          "jnp.where({x} > 0, {x}, 0.5 * {y})"))
+    return b.emit(expr.format(x=x.name, y=y.name), jnp.broadcast_shapes(x.shape, tuple(y.shape)),
+                  dtype)
+
+
+LETTERS = "ijklmnopqrs"
+
+
+def op_einsum(b: Builder):
+    x = b.pick(min_rank=1)
+    rank = len(x.shape)
+    roles = [b.draw.choice(("free", "contract", "contract", "batch")) for _ in range(rank)]
+    if "contract" not in roles and b.draw.chance(0.7):
+        roles[b.draw.integer(0, rank - 1)] = "contract"
+    x_labels = LETTERS[:rank]
+    new_free = [b.draw.choice(DIMS) for _ in range(b.draw.integer(0, 2))]
+    y_labels = ("".join(l for l, r in zip(x_labels, roles) if r != "free")
+                + "tuvw"[:len(new_free)])
+    y_shape = [d for d, r in zip(x.shape, roles) if r != "free"] + new_free
+    if not y_shape:
+        y_shape, y_labels, new_free = [4], "t", [4]
+    perm = list(range(len(y_shape)))
+    if b.draw.chance(0.5):
+        random.Random(b.draw.integer(0, 99)).shuffle(perm)
+    y_shape = [y_shape[p] for p in perm]
+    y_labels = "".join(y_labels[p] for p in perm)
+    y = b.like(y_shape, x.dtype)
+    out_labels = ("".join(l for l, r in zip(x_labels, roles) if r in ("batch", "free"))
+                  + "tuvw"[:len(new_free)])
+    sizes = dict(zip(x_labels, x.shape)) | dict(zip(y_labels, y_shape))
+    contracted = math.prod(d for l, d in zip(x_labels, x.shape) if l not in out_labels)
+    scale = f" * {1 / math.sqrt(contracted):.6g}" if contracted > 1 else ""
+    return b.emit(f"jnp.einsum('{x_labels},{y_labels}->{out_labels}', {x.name}, {y.name}){scale}",
+                  [sizes[l] for l in out_labels], x.dtype)
+
+
+def op_closure(b: Builder):
+    """Read an array the function closes over (a RoPE table, a mask)."""
+    x = b.pick()
+    name = f"TABLE{len(b.constants)}"
+    shape = [1 if b.draw.chance(0.3) else d for d in x.shape]
+    n = math.prod(shape)
+    b.constants.append(f"{name} = jnp.linspace(-1.0, 1.0, {n}, dtype=jnp.{x.dtype})"
+                       f".reshape({tuple(shape)})")
+    return b.emit(f"{x.name} * {name} + {name}", x.shape, x.dtype)
+
+
+def op_reduce(b: Builder):
+    x = b.pick(floats_only=False, min_rank=1)
+    axes = tuple(d for d in range(len(x.shape)) if b.draw.chance(0.5)) or (0,)
+    keep = b.draw.chance(0.3)
+    fn = b.draw.choice(("jnp.sum", "jnp.max", "jnp.min", "jnp.mean") if x.is_float
+                       else ("jnp.sum", "jnp.max", "jnp.min"))
+    shape = [1 if d in axes else n for d, n in enumerate(x.shape) if keep or d not in axes]
+    dtype = "float32" if fn == "jnp.mean" and not x.is_float else x.dtype
+    return b.emit(f"{fn}({x.name}, axis={axes}, keepdims={keep})", shape, dtype)
+
+
+def op_reshape(b: Builder):
+    x = b.pick(floats_only=False, min_rank=1)
+    shape = list(x.shape)
+    kind = b.draw.choice(("merge", "split", "transpose", "flatten"))
+    if kind == "merge" and len(shape) >= 2:
+        d = b.draw.integer(0, len(shape) - 2)
+        shape[d:d + 2] = [shape[d] * shape[d + 1]]
+    elif kind == "split" and any(n % 2 == 0 for n in shape):
+        d = next(i for i, n in enumerate(shape) if n % 2 == 0)
+        shape[d:d + 1] = [2, shape[d] // 2]
+    elif kind == "transpose" and len(shape) >= 2:
+        perm = list(range(len(shape)))
+        random.Random(b.draw.integer(0, 99)).shuffle(perm)
+        return b.emit(f"jnp.transpose({x.name}, {tuple(perm)})", [shape[p] for p in perm],
+                      x.dtype)
+    else:
+        shape = [math.prod(shape)]
+    return b.emit(f"{x.name}.reshape({tuple(shape)})", shape, x.dtype)
+
+
+def op_concat_slice(b: Builder):
+    x = b.pick(floats_only=False, min_rank=1)
+    d = b.draw.integer(0, len(x.shape) - 1)
+    if b.draw.chance(0.5):
+        other = list(x.shape)
+        other[d] = b.draw.choice(DIMS)
+        y = b.like(other, x.dtype)
+        shape = list(x.shape)
+        shape[d] += other[d]
+        return b.emit(f"jnp.concatenate([{x.name}, {y.name}], axis={d})", shape, x.dtype)
+    n = x.shape[d]
+    start = b.draw.integer(0, n - 1)
+    stop = b.draw.integer(start + 1, n)
+    index = ", ".join([":"] * d + [f"{start}:{stop}"])
+    shape = list(x.shape)
+    shape[d] = stop - start
+    return b.emit(f"{x.name}[{index}]", shape, x.dtype)
+
+
+def op_gather(b: Builder):
+    x = b.pick(floats_only=False, min_rank=1)
+    d = b.draw.integer(0, len(x.shape) - 1)
+    n = x.shape[d]
+    k = b.draw.choice((1, 3, 4, 8))
+    idx = b.index_arg((k,))
+    ids = b.emit(f"jnp.abs({idx.name} * 7 + 3) % {n}", (k,), "int32")
+    if b.draw.chance(0.5):
+        shape = list(x.shape)
+        shape[d] = k
+        return b.emit(f"jnp.take({x.name}, {ids.name}, axis={d})", shape, x.dtype)
+    if len(x.shape) >= 2 and d == 0 and b.draw.chance(0.5):   # take_along_axis
+        last = len(x.shape) - 1
+        m = x.shape[last]
+        ids2 = b.emit(f"jnp.broadcast_to(({ids.name}[:1] + jnp.arange({m})) % {m}, "
+                      f"{x.shape})", x.shape, "int32")
+        return b.emit(f"jnp.take_along_axis({x.name}, {ids2.name}, axis={last})", x.shape,
+                      x.dtype)
+    shape = list(x.shape)
+    shape[d] = k
+    index = ", ".join([":"] * d + [ids.name])
+    return b.emit(f"{x.name}[{index}]", shape, x.dtype)
+
+
+def op_dynamic_slice(b: Builder):
+    x = b.pick(floats_only=False, min_rank=1)
+    d = b.draw.integer(0, len(x.shape) - 1)
+    n = x.shape[d]
+    size = b.draw.integer(1, n)
+    idx = b.index_arg()
+    # a computed start that may fall outside [0, n - size]: the slice is then clamped
+    start = b.emit(f"jnp.sum({idx.name}) % {n + 3} - 1", (), "int32")
+    if b.draw.chance(0.5):
+        return b.emit(f"lax.dynamic_slice_in_dim({x.name}, {start.name}, {size}, axis={d})",
+                      [size if i == d else s for i, s in enumerate(x.shape)], x.dtype)
+    upd = b.like([size if i == d else s for i, s in enumerate(x.shape)], x.dtype)
+    return b.emit(f"lax.dynamic_update_slice_in_dim({x.name}, {upd.name}, {start.name}, "
+                  f"axis={d})", x.shape, x.dtype)
+
+
+def op_sort(b: Builder):
+    x = b.pick(min_rank=1)
+    d = b.draw.integer(0, len(x.shape) - 1)
+    kind = b.draw.choice(("sort", "top_k", "cumsum", "cumsum"))
+    if kind == "sort":
+        return b.emit(f"jnp.sort({x.name}, axis={d})", x.shape, x.dtype)
+    if kind == "top_k":
+        k = b.draw.integer(1, x.shape[-1])
+        return b.emit(f"lax.top_k({x.name}, {k})[0]", x.shape[:-1] + (k,), x.dtype)
+    return b.emit(f"jnp.cumsum({x.name}, axis={d})", x.shape, x.dtype)
+
+
+def op_loop(b: Builder):
+    x = b.pick(min_rank=1)
+    kinds = ["scan", "fori", "cond", "checkpoint"] + ([] if b.differentiable else ["while"])
+    kind = b.draw.choice(kinds)
+    name = b.fresh("f")
+    b.helpers.append(name)
+    if kind == "scan":
+        w = b.like(x.shape[1:], x.dtype)
+        b.lines += [f"def {name}(c, xs):",
+                    "    c = jnp.tanh(c * 0.5 + xs)",
+                    "    return c, c * 2"]
+        out = b.emit(f"lax.scan({name}, {w.name}, {x.name}, reverse={b.draw.chance(0.3)})[1]",
+                     x.shape, x.dtype)
+        return out
+    if kind == "fori":
+        steps = b.draw.integer(1, 4)
+        b.lines += [f"def {name}(i, c):",
+                    "    return jnp.sin(c) * 0.9 + 0.1 * c"]
+        return b.emit(f"lax.fori_loop(0, {steps}, {name}, {x.name})", x.shape, x.dtype)
+    if kind == "while":
+        idx = b.index_arg()
+        b.lines += [f"def {name}(state):",
+                    "    i, c = state",
+                    "    return i + 1, jnp.cos(c) + c * 0.5"]
+        return b.emit(f"lax.while_loop(lambda s: s[0] < jnp.sum({idx.name}) % 4, {name}, "
+                      f"(jnp.int32(0), {x.name}))[1]", x.shape, x.dtype)
+    if kind == "cond":
+        idx = b.index_arg()
+        b.lines += [f"def {name}(c):",
+                    "    return jnp.tanh(c) * 2"]
+        return b.emit(f"lax.cond(jnp.sum({idx.name}) % 2 == 0, {name}, lambda c: c * c, "
+                      f"{x.name})", x.shape, x.dtype)
+    b.lines += [f"@jax.checkpoint",
+                f"def {name}(c):",
+                "    return jnp.sin(c) * jnp.tanh(c) + c"]
+    return b.emit(f"{name}({x.name})", x.shape, x.dtype)
+
+
+OPS = ((op_unary, 3), (op_binary, 3), (op_closure, 1), (op_einsum, 3), (op_reduce, 2), (op_reshape, 2),
+       (op_concat_slice, 2), (op_gather, 2), (op_dynamic_slice, 2), (op_sort, 2),
+       (op_loop, 3))
+_OP_TABLE = [op for op, weight in OPS for _ in range(weight)]
+
+
+def generate(draw: Draw, max_ops: int = 6) -> Case:
+    """Draw one program and its planning options."""
+    differentiable = draw.chance(0.25)
+    b = Builder(draw, differentiable)
+    b.arg(b.shape(), b.float_dtype() if differentiable else
+          draw.choice(("float32", "float32", "bfloat16", "int32")))
+    for _ in range(draw.integer(1, max_ops)):
+        draw.choice(_OP_TABLE)(b)
+    produced = b.values[len(b.args):] or b.values
+    if differentiable:
+        floats = [v for v in produced if v.is_float] or [b.pick()]
+        terms = [v for v in floats[-2:]]
+        loss = " + ".join(f"jnp.sum({v.name}.astype(jnp.float32) ** 2)" for v in terms)
+        body = b.lines + [f"return {loss}"]
+        header = f"def loss({', '.join(a.name for a in b.args)}):"
+        source = "\n".join([PRELUDE, *b.constants, "", header] + ["    " + l for l in body] +
+                           ["", "", "fn = jax.value_and_grad(loss, argnums=0)", ""])
+    else:
+        out_values = produced[-draw.integer(1, 2):]
+        outs = [v.name for v in out_values]
+        header = f"def fn({', '.join(a.name for a in b.args)}):"
+        body = b.lines + [f"return ({', '.join(outs)},)"]
+        source = "\n".join([PRELUDE, *b.constants, "", header] + ["    " + l for l in body]
+                           + [""])
+    args = tuple(b.args)
+    first_out = args[0] if differentiable else out_values[0]
+    mesh = draw.choice(tuple(MESHES))
+    sizes = dict(zip(MESHES[mesh][1], MESHES[mesh][0]))
+    pins = []
+    if draw.chance(0.2):
+        a = draw.choice(args)
+        options = list(specs.enumerate_specs(a.shape, sizes))
+        spec = draw.choice(options)
+        pins.append((a.name, tuple(ax if len(ax) > 1 else (ax[0] if ax else None)
+                                   for ax in spec)))
+    donate = tuple(i for i in range(len(args)) if draw.chance(0.15))
+    budget = draw.choice((None,) * 6 + ("tight", "below_floor"))
+    if not donate and budget is None and draw.chance(0.15):   # an output pin
+        spec = draw.choice(list(specs.enumerate_specs(first_out.shape, sizes)))
+        pins.append(("out[1]" if differentiable else "out[0]", tuple(
+            ax if len(ax) > 1 else (ax[0] if ax else None) for ax in spec)))
+    return Case(source, args, mesh, draw.choice(("h100", "cheap_links")), tuple(pins),
+                donate, budget, draw.integer(0, 2 ** 16))
+
+
+def make_arg(shape, dtype, value_seed: int, index: int) -> np.ndarray:
+    rng = np.random.default_rng([value_seed, index])
+    if dtype == "int32":
+        return rng.integers(-5, 6, size=shape).astype(np.int32)
+    return rng.standard_normal(shape).astype(jnp.dtype(dtype))
+
+
+def mesh_sizes(case: Case) -> dict[str, int]:
+    shape, names = MESHES[case.mesh]
+    return dict(zip(names, shape))
+
+
+def floor_bytes(arrays: Sequence, sizes, pins: dict) -> float:
+    """Bytes per device no plan can go below: every array held, split as far as it
+    divides (or as pinned). ``arrays``: arguments then outputs; ``pins`` by argument
+    name (``a0``, ``a1``, ...)."""
+    total = 0.0
+    for i, a in enumerate(arrays):
+        shape, dtype = np.shape(a), jnp.dtype(a.dtype)
+        name = f"a{i}"
+        if name in pins:
+            spec = specs.from_partition_spec(pins[name], len(shape))
+            total += specs.per_device_bytes(shape, dtype, spec, sizes)
+        else:
+            total += min(specs.per_device_bytes(shape, dtype, s, sizes)
+                         for s in specs.enumerate_specs(shape, sizes))
+    return total
+
+
+def budget_bytes(case: Case, args, pins: dict) -> float | None:
+    """``below_floor``: half of what the arguments need at their most split, so no plan
+    fits. ``tight``: halfway from what arguments and outputs need at their most split to
+    holding them whole, and 4 KiB for temporaries."""
+    if case.budget is None:
+        return None
+    sizes = mesh_sizes(case)
+    if case.budget == "below_floor":
+        return floor_bytes(args, sizes, pins) / 2
+    outs = jax.tree.leaves(jax.eval_shape(compile_source(case.source), *args))
+    floor = floor_bytes(list(args) + outs, sizes, pins)
+    whole = sum(specs.nbytes(np.shape(a), a.dtype) for a in list(args) + outs)
+    return floor + (whole - floor) / 2 + 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    kind: str            # "ok", "infeasible", "refused", "crash", "wrong"
+    detail: str = ""
+    splits: bool = False   # the plan splits some value over a mesh axis
+
+    @property
+    def failed(self) -> bool:
+        return self.kind in ("crash", "wrong")
+
+
+def compile_source(source: str):
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "<fuzz program>", "exec"), namespace)
+    return namespace["fn"]
+
+
+def check(case: Case) -> Outcome:
+    """Plan, run and compare one case; never raises."""
+    try:
+        fn = compile_source(case.source)
+        args = [make_arg(a.shape, a.dtype, case.value_seed, i) for i, a in enumerate(case.args)]
+        want = jax.jit(fn)(*args)
+    except Exception:   # the generator wrote a program JAX refuses: a fuzzer bug
+        return Outcome("crash", "the generated program does not run under jax.jit:\n"
+                       + traceback.format_exc(limit=3))
+    pins = {name: PartitionSpec(*spec) for name, spec in case.pins}
+    budget = budget_bytes(case, args, pins)
+    mesh = autoshard.make_mesh(*MESHES[case.mesh])
+    try:
+        plan = autoshard.plan(fn, *args, mesh=mesh, hardware=HARDWARE[case.hardware],
+                              pins=pins or None, donate_argnums=case.donate_argnums,
+                              memory_budget=budget, cache=False, progress=False)
+    except MemoryBudgetError as e:
+        if case.budget == "below_floor":
+            return Outcome("infeasible", f"budget {budget:.0f} B is below the {2 * budget:.0f} B "
+                           f"the arguments need at their most split: {e}")
+        return refused(fn, args, budget, e)
+    except Exception:
+        return Outcome("crash", "planning raised:\n" + traceback.format_exc())
+    if case.budget == "below_floor":
+        return Outcome("wrong", f"planned within {budget:.0f} B, half of what the arguments "
+                       f"need at their most split (the plan claims {plan.cost.memory_bytes:.0f} B)")
+    try:
+        placed = [jax.device_put(x, s) for x, s in zip(args, plan.in_shardings)]
+        got = plan.jit()(*placed)
+        got = jax.device_get(got)
+    except Exception:
+        return Outcome("crash", "running the plan raised:\n" + traceback.format_exc())
+    untouched = [i for i in range(len(args)) if i not in case.donate_argnums]
+    for i in untouched:
+        if not np.array_equal(np.asarray(jax.device_get(placed[i])), args[i]):
+            return Outcome("wrong", f"argument a{i} (not donated) was altered")
+    outcome = compare(got, want, any(a.dtype == "bfloat16" for a in case.args))
+    return dataclasses.replace(outcome, splits=splits(plan))
+
+
+def whole_program_bytes(fn, args) -> float:
+    """What XLA holds on one device running ``fn`` unsplit: arguments, outputs and
+    temporaries, less what outputs alias."""
+    m = jax.jit(fn).lower(*args).compile().memory_analysis()
+    return (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+            - m.alias_size_in_bytes)
+
+
+def refused(fn, args, budget: float, error: MemoryBudgetError) -> Outcome:
+    """A ``tight`` budget the planner found no plan for. A crash where running the program
+    unsplit fits it (a plan the planner should have found); otherwise ``refused``: above
+    what the arguments need at their most split, so not proven infeasible, but below what
+    the program needs unsplit, and no plan the planner can express fits."""
+    whole = whole_program_bytes(fn, args)
+    if whole <= budget:
+        return Outcome("crash", f"the planner refused a budget of {budget:.0f} B that the "
+                       f"unsplit program fits ({whole:.0f} B): {error}")
+    return Outcome("refused", f"budget {budget:.0f} B: the unsplit program needs {whole:.0f} B "
+                   f"and {error}")
+
+
+def splits(plan) -> bool:
+    """Whether the plan splits any argument, output or constrained value."""
+    found = list(plan.in_specs) + list(plan.out_specs) + [
+        s for d in plan.decisions.values() for s in d.in_specs + d.out_specs if s is not None]
+    return any(axes for spec in found for axes in spec)
+
+
+def compare(got, want, bf16_inside: bool = False) -> Outcome:
+    """Match outputs within their dtype's tolerance; with ``bf16_inside`` (the program
+    computes in bfloat16 somewhere), float outputs take bfloat16's."""
+    got_leaves, want_leaves = jax.tree.leaves(got), jax.tree.leaves(want)
+    if len(got_leaves) != len(want_leaves):
+        return Outcome("wrong", f"{len(got_leaves)} outputs, expected {len(want_leaves)}")
+    for k, (g, w) in enumerate(zip(got_leaves, want_leaves)):
+        g, w = np.asarray(g), np.asarray(w)
+        if g.shape != w.shape or g.dtype != w.dtype:
+            return Outcome("wrong", f"output {k}: {g.dtype}{g.shape}, expected {w.dtype}{w.shape}")
+        dtype = "bfloat16" if bf16_inside and np.issubdtype(w.dtype, np.inexact) else w.dtype
+        rtol, atol = TOLERANCE[str(dtype)]
+        w64, g64 = w.astype(np.float64), g.astype(np.float64)
+        scale = max(1.0, float(np.max(np.abs(w64), initial=0.0, where=np.isfinite(w64))))
+        if not np.allclose(g64, w64, rtol=rtol, atol=atol * scale, equal_nan=True):
+            err = np.abs(g64 - w64)
+            at = np.unravel_index(int(np.nanargmax(np.where(np.isnan(err), np.inf, err))),
+                                  w.shape) if w.size else ()
+            return Outcome("wrong", f"output {k} {w.dtype}{w.shape}: largest error "
+                           f"{float(np.nanmax(err)) if w.size else 0:.4g} at {at} "
+                           f"(got {g64[at] if w.size else None}, want {w64[at] if w.size else None})")
+    return Outcome("ok")

@@ -1,0 +1,149 @@
+"""Programs the fuzzer (autoshard.testing.fuzz) found planned wrong, each reduced to
+the smallest case that shows it."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import autoshard
+from autoshard.apply import Decision, make_jit
+
+
+def eqn_index(fn, args, primitive: str) -> int:
+    eqns = jax.make_jaxpr(fn)(*args).jaxpr.eqns
+    return next(i for i, e in enumerate(eqns) if e.primitive.name == primitive)
+
+
+@pytest.mark.parametrize("arrives_split", [False, True])
+@pytest.mark.parametrize("start", [-3, 0, 12, 24, 27, 40])
+def test_dynamic_slice_with_a_clamped_start_read_split_downstream(mesh_1d, start,
+                                                                  arrives_split):
+    """The sliced array arrives whole or split (then is gathered), the slice's result is
+    kept whole, and its reader splits it on the sliced dim. Unguarded, XLA folds that
+    split into the dynamic slice, each device clamps its own offset start and a clamped
+    start reads wrong rows."""
+    x = np.arange(32 * 16, dtype=np.float32).reshape(32, 16)
+
+    def fn(x, i):
+        return lax.dynamic_slice_in_dim(x, i, 8, axis=0) * 2.0
+
+    args = (x, np.int32(start))
+    closed = jax.make_jaxpr(fn)(*args)
+    ds, mul = eqn_index(fn, args, "dynamic_slice"), eqn_index(fn, args, "mul")
+    whole, split = ((), ()), (("data",), ())
+    decisions = {(ds,): Decision((whole, None, None), (whole,)),
+                 (mul,): Decision((split, None), (split,))}
+    in_tree = jax.tree_util.tree_structure(args)
+    out_tree = jax.tree_util.tree_structure(fn(*args))
+    jitted = make_jit(closed, in_tree, out_tree, decisions, mesh_1d,
+                      [split if arrives_split else whole, ()], [split])
+    np.testing.assert_array_equal(jitted(*args), fn(*args))
+
+
+@pytest.mark.parametrize("start", [-3, 0, 12, 27])
+def test_dynamic_update_slice_with_a_clamped_start_read_split_downstream(mesh_1d, start):
+    x = np.arange(32 * 16, dtype=np.float32).reshape(32, 16)
+    u = -np.ones((8, 16), np.float32)
+
+    def fn(x, u, i):
+        return lax.dynamic_update_slice_in_dim(x, u, i, axis=0) * 2.0
+
+    args = (x, u, np.int32(start))
+    closed = jax.make_jaxpr(fn)(*args)
+    dus, mul = eqn_index(fn, args, "dynamic_update_slice"), eqn_index(fn, args, "mul")
+    whole, split = ((), ()), (("data",), ())
+    decisions = {(dus,): Decision((), (whole,)), (mul,): Decision((split, None), (split,))}
+    in_tree = jax.tree_util.tree_structure(args)
+    out_tree = jax.tree_util.tree_structure(fn(*args))
+    jitted = make_jit(closed, in_tree, out_tree, decisions, mesh_1d, [split, whole, ()], [split])
+    np.testing.assert_array_equal(jitted(*args), fn(*args))
+
+
+CHEAP_LINKS = autoshard.Hardware(flops=1e6, hbm_bandwidth=1e6, link_bandwidth=1e12,
+                                 link_latency=1e-12)
+
+
+def reader_strategies(fn, args, mesh, primitive):
+    """Per node reading a result of ``primitive``: its strategies' specs for that operand."""
+    from autoshard.mesh import axis_sizes
+    from autoshard.strategies import build_strategies
+    from autoshard.trace import build_graph, trace_program
+    graph = build_graph(trace_program(fn, *args))
+    space = build_strategies(graph, axis_sizes(mesh), CHEAP_LINKS)
+    found = []
+    for value in graph.values:
+        if graph.nodes[value.producer].primitive == primitive:
+            for user, k in graph.users[value.id]:
+                found += [s.in_specs[k] for s in space.strategies[user]]
+    return found
+
+
+def test_result_of_a_primitive_without_a_rule_is_read_whole(mesh_2d):
+    """XLA pushes a split its reader asks for back into an fft, which then fails."""
+    x = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)
+
+    def fn(x):
+        return jnp.fft.fft(x, axis=-1).real * 2.0
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        found = reader_strategies(fn, (x,), mesh_2d, "fft")
+        plan = autoshard.plan(fn, x, mesh=mesh_2d, hardware=CHEAP_LINKS, cache=False,
+                              progress=False)
+    assert found and not any(any(s) for s in found)
+    np.testing.assert_allclose(plan.jit()(x), jax.jit(fn)(x), rtol=1e-5, atol=1e-4)
+
+
+def test_zero_size_arrays_stay_replicated(mesh_2d):
+    x = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)
+
+    def fn(x):
+        empty = x[:, :0] * 2.0 + 1.0
+        return empty, jnp.sum(empty, axis=1)
+
+    plan = autoshard.plan(fn, x, mesh=mesh_2d, hardware=CHEAP_LINKS, cache=False,
+                          progress=False)
+    assert plan.out_specs == (((), ()), ((),))
+    from autoshard.mesh import axis_sizes
+    from autoshard.strategies import build_strategies
+    from autoshard.trace import build_graph, trace_program
+    graph = build_graph(trace_program(fn, x))
+    space = build_strategies(graph, axis_sizes(mesh_2d), CHEAP_LINKS)
+    empty = [v for v in graph.values if 0 in v.shape]
+    assert empty
+    for value in empty:
+        made = [s.out_specs[value.index] for s in space.strategies[value.producer]]
+        read = [s.in_specs[k] for u, k in graph.users[value.id] for s in space.strategies[u]]
+        assert not any(any(spec) for spec in made + read)
+    got = jax.device_get(plan.jit()(x))
+    assert got[0].shape == (64, 0) and np.array_equal(got[1], np.zeros(64, np.float32))
+
+
+def test_split_scatter_add_into_zeros_plus_a_whole_value(mesh_2d):
+    """``y + scatter_add(zeros, i, u)`` with the scatter split over the rows it writes and
+    ``y`` whole: unguarded, XLA folds it into ``scatter_add(y, i, u)`` and adds ``y`` on
+    the wrong rows (the gradient of ``min`` plus ``top_k``)."""
+    x = np.random.default_rng(0).standard_normal((32, 16)).astype(np.float32)
+    numbers = lax.ScatterDimensionNumbers(update_window_dims=(), inserted_window_dims=(0,),
+                                          scatter_dims_to_operand_dims=(0,))
+
+    def fn(x):
+        low = jnp.min(x, axis=0)
+        top, at = lax.top_k(low, 1)
+        picked = lax.scatter_add(jnp.zeros(16), at.reshape(1, 1), 2.0 * top, numbers)
+        return 2.0 * low + picked
+
+    eqns = jax.make_jaxpr(fn)(x).jaxpr.eqns
+    whole, split = ((),), (("data", "model"),)
+    specs_by_primitive = {"mul": whole, "broadcast_in_dim": split, "scatter-add": split,
+                          "add": split}
+    decisions = {(i,): Decision((), (specs_by_primitive[e.primitive.name],))
+                 for i, e in enumerate(eqns) if e.primitive.name in specs_by_primitive}
+    jitted = make_jit(jax.make_jaxpr(fn)(x), jax.tree_util.tree_structure((x,)),
+                      jax.tree_util.tree_structure(fn(x)), decisions, mesh_2d,
+                      [((), ())], [split])
+    np.testing.assert_allclose(jitted(x), jax.jit(fn)(x), rtol=1e-6)
