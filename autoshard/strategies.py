@@ -20,6 +20,7 @@ from autoshard.errors import PinError
 from autoshard.graph import Graph, Node
 from autoshard.hardware import Hardware
 from autoshard.rules import RULES, Einsum, rule_for
+from autoshard.rules.replicated import REPLICATED
 from autoshard.specs import Spec
 
 REPLICATED_BELOW_ELEMENTS = 1024   # arrays this small are kept whole
@@ -467,14 +468,15 @@ def specs_match(spec: Spec, pin) -> bool:
 
 def whole_values(graph: Graph) -> list[bool]:
     """Per value: kept whole by every reader. Zero-size arrays (nothing to split, and XLA
-    cannot read a split one back), and results of primitives without a rule: XLA's
-    partitioner may push a split its reader asks for back into the primitive (an fft),
-    which then fails at run time."""
+    cannot read a split one back), and results of primitives without a rule or kept
+    replicated on purpose: XLA's partitioner may push a split its reader asks for back
+    into the primitive (an fft before it had a rule), which then fails at run time."""
     flags = []
     for value in graph.values:
         node = graph.nodes[value.producer]
         flags.append(math.prod(value.shape) == 0
-                     or node.kind == "eqn" and node.primitive not in RULES)
+                     or node.kind == "eqn" and (node.primitive not in RULES
+                                                or node.primitive in REPLICATED))
     return flags
 
 
