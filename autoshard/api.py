@@ -22,7 +22,7 @@ from autoshard.cache import PLANS, cache_dir, plan_key
 from autoshard.coarsen import coarsen
 from autoshard.cost import CostGraph, build_cost_graph, operand_reshard_seconds
 from autoshard.errors import MemoryBudgetError, PinError
-from autoshard.hardware import H100, Hardware
+from autoshard.hardware import Hardware, default_hardware
 from autoshard.mesh import as_auto_mesh, axis_sizes
 from autoshard.plan import ArgumentInfo, Plan, PlanCost, program_fingerprint
 from autoshard.progress import PlanProgress
@@ -237,7 +237,8 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
       args: example arguments: arrays or ``jax.ShapeDtypeStruct`` pytrees (nothing of
         their size is allocated).
       mesh: a ``jax.sharding.Mesh``; Explicit axes are converted to Auto with a warning.
-      hardware: per-device speeds (default: an H100 node).
+      hardware: per-device speeds (default: the profile of the mesh's device kind,
+        ``hardware.DEVICE_KINDS``; an H100 node on CPU).
       memory_budget: bytes per device (default ``hardware.memory``), counted as XLA does:
         arguments + outputs + temporaries - donated.
       pins: ``{"params['wq']": PartitionSpec(None, "model")}``: specs the plan must keep,
@@ -260,7 +261,7 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
     """
     started = time.perf_counter()
     mesh = as_auto_mesh(mesh)
-    hw = hardware or H100
+    hw = hardware or default_hardware(mesh)
     budget = hw.memory if memory_budget is None else float(memory_budget)
     with PlanProgress(progress) as show, collection_paused():
         program = trace_program(fn, *args)
