@@ -16,7 +16,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
 from autoshard import specs
-from autoshard.apply import Decision
+from autoshard.apply import Decision, propagation_gives
 from autoshard.breakdown import cost_breakdown, memory_parts
 from autoshard.cache import PLANS, cache_dir, plan_key
 from autoshard.coarsen import coarsen
@@ -131,9 +131,10 @@ def decisions_from(cg: CostGraph, chosen) -> dict[tuple, Decision]:
             have = chosen[value.producer].out_specs[value.index]
             want = strategy.in_specs[i]
             in_specs.append(want if want != have or node.kind == "boundary" else None)
-        # every result is pinned: left free, XLA's propagation may pull a spec chosen for
-        # one user back into a shared producer, and its other users pay to undo it
-        out_specs = strategy.out_specs
+        # results are pinned: left free, XLA's propagation may pull a spec chosen for one
+        # user back into a shared producer, and its other users pay to undo it; except
+        # where propagation gives the planned spec anyway (fewer constraints compile faster)
+        out_specs = () if propagation_gives(graph, chosen, node) else strategy.out_specs
         if any(s is not None for s in in_specs) or out_specs:
             decisions[node.key] = Decision(tuple(in_specs) if any(
                 s is not None for s in in_specs) else (), tuple(out_specs))

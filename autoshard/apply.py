@@ -1,14 +1,16 @@
 """apply: re-interpret the traced program with the plan's sharding decisions.
 
 The read/bind/write loop of ``jax.core.eval_jaxpr``, with two additions: an operand the
-plan reshards is passed through ``with_sharding_constraint`` first, and a result the plan
-fixes (a group root: a dot, a reduction, a loop seam) is constrained after. Everything
-else is left to XLA's sharding propagation. Scans, while loops and conds are rebuilt with
+plan reshards is passed through ``with_sharding_constraint`` first, and a result is
+constrained after, except where XLA's sharding propagation gives the planned spec anyway
+(:func:`propagation_gives`: an elementwise result laid out as its same-shaped operands,
+which every reader takes as it is). Fewer constraints compile faster. Scans, while loops and conds are rebuilt with
 ``lax.scan`` / ``lax.while_loop`` / ``lax.switch`` around re-interpreted bodies.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Mapping, Sequence
 
@@ -19,9 +21,11 @@ from jax.sharding import Mesh, NamedSharding
 
 from autoshard import specs
 from autoshard.specs import Spec
+from autoshard.rules.elementwise import BINARY, NARY, UNARY
 from autoshard.trace import INLINED, split_closed
 
 REMAT = ("checkpoint", "remat2", "remat")
+ELEMENTWISE = frozenset(UNARY + BINARY + NARY) - {"optimization_barrier", "sharding_constraint"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +34,46 @@ class Decision:
 
     in_specs: tuple[Spec | None, ...] = ()
     out_specs: tuple[Spec | None, ...] = ()
+
+
+_prune = [True]
+
+
+@contextlib.contextmanager
+def constraining_every_result():
+    """Plans made inside constrain every result (for comparing with the pruned program;
+    pass ``cache=False`` so that no cached plan answers)."""
+    _prune.append(False)
+    try:
+        yield
+    finally:
+        _prune.pop()
+
+
+def propagation_gives(graph, chosen, node) -> bool:
+    """Whether XLA's propagation lays out ``node``'s result as planned with no constraint:
+    an elementwise op whose operands arrive as planned, whose result takes the spec of an
+    operand of its own shape, and whose readers all take it in that spec (no reader pulls
+    another spec back into it). ``chosen``: a strategy per node."""
+    if not _prune[-1] or node.kind != "eqn" or node.primitive not in ELEMENTWISE \
+            or len(node.outputs) != 1:
+        return False
+    strategy = chosen[node.id]
+    (out_spec,) = strategy.out_specs
+    (value_id,) = node.outputs
+    same_shape = False
+    for i, operand in enumerate(node.operands):
+        if operand is None:
+            continue
+        value = graph.values[operand]
+        have = chosen[value.producer].out_specs[value.index]
+        if have != strategy.in_specs[i]:
+            return False                        # resharded on the way in
+        same_shape |= tuple(value.shape) == tuple(graph.values[value_id].shape) and \
+            have == out_spec
+    readers_agree = all(chosen[user].in_specs[i] == out_spec
+                        for user, i in graph.users[value_id])
+    return same_shape and readers_agree and bool(graph.users[value_id])
 
 
 class Rewriter:
