@@ -50,18 +50,39 @@ def constraining_every_result():
         _prune.pop()
 
 
+def forward_spec(node, index: int, spec: Spec, out_shape) -> Spec | None:
+    """The result spec that propagation derives from operand ``index`` laid out as
+    ``spec``: elementwise ops keep a same-shaped operand's spec, transpose permutes it,
+    broadcast_in_dim carries it to the mapped dims; None where that is not so simple."""
+    shape = tuple(node.operand_shapes[index])
+    if node.primitive in ELEMENTWISE:
+        return spec if shape == tuple(out_shape) else None
+    if node.primitive == "transpose":
+        return tuple(spec[d] for d in node.params["permutation"])
+    if node.primitive == "broadcast_in_dim" and index == 0:
+        out = [()] * len(out_shape)
+        for d, o in enumerate(node.params["broadcast_dimensions"]):
+            if spec[d] and shape[d] != out_shape[o]:
+                return None
+            out[o] = spec[d]
+        return tuple(out)
+    return None
+
+
 def propagation_gives(graph, chosen, node) -> bool:
     """Whether XLA's propagation lays out ``node``'s result as planned with no constraint:
-    an elementwise op whose operands arrive as planned, whose result takes the spec of an
-    operand of its own shape, and whose readers all take it in that spec (no reader pulls
-    another spec back into it). ``chosen``: a strategy per node."""
-    if not _prune[-1] or node.kind != "eqn" or node.primitive not in ELEMENTWISE \
-            or len(node.outputs) != 1:
+    an elementwise op, transpose or broadcast whose operands arrive as planned, whose
+    result spec follows from an operand's (:func:`forward_spec`), and whose readers all
+    take it in that spec (no reader pulls another spec back into it). ``chosen``: a
+    strategy per node."""
+    if not _prune[-1] or node.kind != "eqn" or len(node.outputs) != 1 or not (
+            node.primitive in ELEMENTWISE or node.primitive in ("transpose", "broadcast_in_dim")):
         return False
     strategy = chosen[node.id]
     (out_spec,) = strategy.out_specs
     (value_id,) = node.outputs
-    same_shape = False
+    out_shape = graph.values[value_id].shape
+    follows = False
     for i, operand in enumerate(node.operands):
         if operand is None:
             continue
@@ -69,11 +90,10 @@ def propagation_gives(graph, chosen, node) -> bool:
         have = chosen[value.producer].out_specs[value.index]
         if have != strategy.in_specs[i]:
             return False                        # resharded on the way in
-        same_shape |= tuple(value.shape) == tuple(graph.values[value_id].shape) and \
-            have == out_spec
+        follows |= have is not None and forward_spec(node, i, have, out_shape) == out_spec
     readers_agree = all(chosen[user].in_specs[i] == out_spec
                         for user, i in graph.users[value_id])
-    return same_shape and readers_agree and bool(graph.users[value_id])
+    return follows and readers_agree and bool(graph.users[value_id])
 
 
 class Rewriter:
