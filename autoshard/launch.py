@@ -86,7 +86,7 @@ def zoo_mesh(command: Sequence[str]) -> str | None:
 def default_devices_per_process(command: Sequence[str], num_processes: int) -> tuple[int | None, str]:
     """CPU devices per process when ``--devices-per-process`` is not given, and a line to
     say about it: a zoo run's mesh size / ``num_processes``; otherwise None (JAX's one CPU
-    device each) and what to pass for more.
+    device each) and what to pass for more, which the launcher says if the run fails.
 
     Example::
 
@@ -184,11 +184,14 @@ def launch(command: Sequence[str], num_processes: int, *, devices_per_process: i
         raise ValueError("no command to launch")
     out = sys.stdout if out is None else out
     lock = threading.Lock()
+    hint = ""
     if devices_per_process is None and platform == "cpu":
         devices_per_process, note = default_devices_per_process(command, num_processes)
-        if note:
+        if devices_per_process is not None:
             out.write(note + "\n")
             out.flush()
+        else:
+            hint = note        # said if the run fails (a mesh wanting more devices, say)
     coordinator = f"{host}:{port or free_port()}"
     children = [_start(command, pid, process_env(pid, num_processes, coordinator,
                                                  devices_per_process=devices_per_process,
@@ -197,6 +200,9 @@ def launch(command: Sequence[str], num_processes: int, *, devices_per_process: i
     code = _wait(children, timeout_s, out, lock)
     for c in children:
         c.reader.join(timeout=2.0)
+    if code != 0 and hint:
+        out.write(hint + "\n")
+        out.flush()
     return code
 
 
