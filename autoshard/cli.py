@@ -103,7 +103,7 @@ def cpu_hardware(mesh):
 def load_hardware(text: str | None, mesh=None):
     """A profile (``h100``, ``a100``, ... as in ``hardware.DEVICE_KINDS``), a profile slowed
     by a factor (``h100/1000``), or a JSON file of ``autoshard.Hardware`` fields. None: the
-    mesh's device kind (``hardware.default_hardware``); on CPU, ``CPU_HARDWARE``."""
+    mesh's device kind (``hardware.default_hardware``); on CPU, :func:`cpu_hardware`."""
     from autoshard import hardware
     if text is None:
         on_cpu = mesh is None or mesh.devices.flat[0].platform == "cpu"
