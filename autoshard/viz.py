@@ -320,7 +320,8 @@ def followed_parameter(row: dict, params: Mapping[tuple[str, ...], dict]) -> dic
 class SummaryView(View):
     """The plan table collapsed: one row per leaf of every layer that shares a pattern
     (``blocks[0..11]['attn']['query']['kernel']``), optimizer state folded into its
-    parameter's row where it takes the parameter's spec, largest first."""
+    parameter's row where it takes the parameter's spec and otherwise shown as the
+    parameter's ``(opt state)`` (Adam's moments together), largest first."""
 
     columns = ("path", "shape", "dtype", "spec", "leaves", "bytes/device")
     right_aligned = ("leaves", "bytes/device")
@@ -339,17 +340,21 @@ class SummaryView(View):
 
     def groups(self) -> list[dict]:
         params = parameter_suffixes(self.leaf_rows)
-        follows = {}
+        follows, state_of = {}, {}
         for row in self.leaf_rows:
             param = followed_parameter(row, params)
             if param is not None and param["spec"] == row["spec"]:
                 follows[row["path"]] = param["path"]
+            elif param is not None:
+                state_of[row["path"]] = param["path"]
         groups: dict[tuple, dict] = {}
         by_path = {}
         for row in self.leaf_rows:
             if row["path"] in follows:
                 continue
-            pattern, indices = index_pattern(row["path"])
+            pattern, indices = index_pattern(state_of.get(row["path"], row["path"]))
+            if row["path"] in state_of:
+                pattern += " (opt state)"
             key = (pattern, tuple(row["shape"]), row["dtype"], row["spec"])
             group = groups.setdefault(key, dict(pattern=pattern, shape=tuple(row["shape"]),
                                                 dtype=row["dtype"], spec=row["spec"],

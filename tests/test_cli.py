@@ -137,7 +137,7 @@ def test_main_job_shows_a_split_plan_in_a_short_table():
     result = autoshard("zoo", "gpt", "--size", "tiny", "--mesh", "2x4", "--steps", "1")
     assert result.returncode == 0, result.stderr[-2000:]
     head = lines_before_training(result.stdout)
-    assert len(head) <= 65, "\n".join(head)
+    assert len(head) <= 60, "\n".join(head)
     rows = [line for line in head if line.startswith("│")]
     assert any("['blocks'][0..1]['mlp']['fc1']['kernel']" in r for r in rows), "\n".join(rows)
     assert any("model" in r.split("│")[4] for r in rows), "\n".join(rows)   # spec column
