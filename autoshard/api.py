@@ -17,13 +17,13 @@ from jax.sharding import Mesh, PartitionSpec
 
 from autoshard import specs, validate
 from autoshard.accumulate import active_pipeline
-from autoshard.apply import Decision
+from autoshard.apply import Decision, propagation_gives
 from autoshard.breakdown import cost_breakdown, memory_parts
 from autoshard.cache import PLANS, cache_dir, plan_key
 from autoshard.coarsen import coarsen
 from autoshard.cost import CostGraph, build_cost_graph, operand_reshard_seconds
 from autoshard.errors import MemoryBudgetError, PinError
-from autoshard.hardware import H100, Hardware
+from autoshard.hardware import Hardware, default_hardware
 from autoshard.mesh import as_auto_mesh, axis_sizes
 from autoshard.plan import ArgumentInfo, Plan, PlanCost, program_fingerprint
 from autoshard.pipeline import constraint_pins
@@ -133,9 +133,10 @@ def decisions_from(cg: CostGraph, chosen) -> dict[tuple, Decision]:
             have = chosen[value.producer].out_specs[value.index]
             want = strategy.in_specs[i]
             in_specs.append(want if want != have or node.kind == "boundary" else None)
-        # every result is pinned: left free, XLA's propagation may pull a spec chosen for
-        # one user back into a shared producer, and its other users pay to undo it
-        out_specs = strategy.out_specs
+        # results are pinned: left free, XLA's propagation may pull a spec chosen for one
+        # user back into a shared producer, and its other users pay to undo it; except
+        # where propagation gives the planned spec anyway (fewer constraints compile faster)
+        out_specs = () if propagation_gives(graph, chosen, node) else strategy.out_specs
         if any(s is not None for s in in_specs) or out_specs:
             decisions[node.key] = Decision(tuple(in_specs) if any(
                 s is not None for s in in_specs) else (), tuple(out_specs))
@@ -275,7 +276,8 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
       args: example arguments: arrays or ``jax.ShapeDtypeStruct`` pytrees (nothing of
         their size is allocated).
       mesh: a ``jax.sharding.Mesh``; Explicit axes are converted to Auto with a warning.
-      hardware: per-device speeds (default: an H100 node).
+      hardware: per-device speeds (default: the profile of the mesh's device kind,
+        ``hardware.DEVICE_KINDS``; an H100 node on CPU).
       memory_budget: bytes per device (default ``hardware.memory``), counted as XLA does:
         arguments + outputs + temporaries - donated.
       pins: ``{"params['wq']": PartitionSpec(None, "model")}``: specs the plan must keep,
@@ -325,7 +327,7 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
     started = time.perf_counter()
     donate_argnums = validate.argnums("donate_argnums", donate_argnums)
     mesh = as_auto_mesh(mesh)
-    hw = hardware or H100
+    hw = hardware or default_hardware(mesh)
     budget = hw.memory if memory_budget is None else float(memory_budget)
     with PlanProgress(progress) as show, collection_paused():
         program = trace_program(fn, *args)

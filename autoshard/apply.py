@@ -1,14 +1,16 @@
 """apply: re-interpret the traced program with the plan's sharding decisions.
 
 The read/bind/write loop of ``jax.core.eval_jaxpr``, with two additions: an operand the
-plan reshards is passed through ``with_sharding_constraint`` first, and a result the plan
-fixes (a group root: a dot, a reduction, a loop seam) is constrained after. Everything
-else is left to XLA's sharding propagation. Scans, while loops and conds are rebuilt with
+plan reshards is passed through ``with_sharding_constraint`` first, and a result is
+constrained after, except where XLA's sharding propagation gives the planned spec anyway
+(:func:`propagation_gives`: an elementwise result laid out as its same-shaped operands,
+which every reader takes as it is). Fewer constraints compile faster. Scans, while loops and conds are rebuilt with
 ``lax.scan`` / ``lax.while_loop`` / ``lax.switch`` around re-interpreted bodies.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Mapping, Sequence
@@ -20,10 +22,12 @@ from jax.sharding import Mesh, NamedSharding
 
 from autoshard import specs
 from autoshard.specs import Spec
+from autoshard.rules.elementwise import BINARY, NARY, UNARY
 from autoshard.trace import (INLINED, has_static_leaves, hold_static_leaves,
                              release_static_leaves, split_closed)
 
 REMAT = ("checkpoint", "remat2", "remat")
+ELEMENTWISE = frozenset(UNARY + BINARY + NARY) - {"optimization_barrier", "sharding_constraint"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +49,65 @@ DYNAMIC_STARTS = {"dynamic_slice": 1, "dynamic_update_slice": 2}
 # rows.
 SCATTERS = frozenset({"scatter-add", "scatter_add", "scatter", "scatter-mul", "scatter_mul",
                       "scatter-min", "scatter_min", "scatter-max", "scatter_max"})
+
+_prune = [True]
+
+
+@contextlib.contextmanager
+def constraining_every_result():
+    """Plans made inside constrain every result (for comparing with the pruned program;
+    pass ``cache=False`` so that no cached plan answers)."""
+    _prune.append(False)
+    try:
+        yield
+    finally:
+        _prune.pop()
+
+
+def forward_spec(node, index: int, spec: Spec, out_shape) -> Spec | None:
+    """The result spec that propagation derives from operand ``index`` laid out as
+    ``spec``: elementwise ops keep a same-shaped operand's spec, transpose permutes it,
+    broadcast_in_dim carries it to the mapped dims; None where that is not so simple."""
+    shape = tuple(node.operand_shapes[index])
+    if node.primitive in ELEMENTWISE:
+        return spec if shape == tuple(out_shape) else None
+    if node.primitive == "transpose":
+        return tuple(spec[d] for d in node.params["permutation"])
+    if node.primitive == "broadcast_in_dim" and index == 0:
+        out = [()] * len(out_shape)
+        for d, o in enumerate(node.params["broadcast_dimensions"]):
+            if spec[d] and shape[d] != out_shape[o]:
+                return None
+            out[o] = spec[d]
+        return tuple(out)
+    return None
+
+
+def propagation_gives(graph, chosen, node) -> bool:
+    """Whether XLA's propagation lays out ``node``'s result as planned with no constraint:
+    an elementwise op, transpose or broadcast whose operands arrive as planned, whose
+    result spec follows from an operand's (:func:`forward_spec`), and whose readers all
+    take it in that spec (no reader pulls another spec back into it). ``chosen``: a
+    strategy per node."""
+    if not _prune[-1] or node.kind != "eqn" or len(node.outputs) != 1 or not (
+            node.primitive in ELEMENTWISE or node.primitive in ("transpose", "broadcast_in_dim")):
+        return False
+    strategy = chosen[node.id]
+    (out_spec,) = strategy.out_specs
+    (value_id,) = node.outputs
+    out_shape = graph.values[value_id].shape
+    follows = False
+    for i, operand in enumerate(node.operands):
+        if operand is None:
+            continue
+        value = graph.values[operand]
+        have = chosen[value.producer].out_specs[value.index]
+        if have != strategy.in_specs[i]:
+            return False                        # resharded on the way in
+        follows |= have is not None and forward_spec(node, i, have, out_shape) == out_spec
+    readers_agree = all(chosen[user].in_specs[i] == out_spec
+                        for user, i in graph.users[value_id])
+    return follows and readers_agree and bool(graph.users[value_id])
 
 
 class Rewriter:

@@ -31,6 +31,9 @@ import jax
 import numpy as np
 
 from autoshard.errors import AutoshardError
+from autoshard.extras import require
+
+require("orbax.checkpoint", "checkpoint", "autoshard.checkpoint")
 
 STATE_ITEM = "state"
 RECORD_ITEM = "record"

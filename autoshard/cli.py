@@ -6,7 +6,7 @@
         --save-plan plan.json
     autoshard zoo mlp --mesh 8 --steps 20 --checkpoint-dir ckpt --checkpoint-every 5
     autoshard zoo mlp --mesh 8 --steps 40 --checkpoint-dir ckpt --resume
-    autoshard launch -n 2 --devices-per-process 4 -- autoshard zoo gpt --mesh 2x4 --steps 10
+    autoshard launch -n 2 -- autoshard zoo gpt --mesh 2x4 --steps 10
 
 ``zoo`` plans a zoo model's train step, prints the plan, its predicted and compiled cost,
 a comparison with the model's expert plans, trains a few steps on synthetic data and
@@ -19,6 +19,7 @@ own shards, process 0 prints the tables and every process its losses.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -29,6 +30,8 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+
+from autoshard.launch import ZOO_DEFAULT_MESH
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="autoshard: automatic sharding for JAX programs.")
@@ -82,19 +85,64 @@ def parse_mesh(text: str, axes: str | None) -> tuple[tuple[int, ...], tuple[str,
     return shape, names
 
 
-def load_hardware(text: str | None):
-    """A profile name (``h100``) or a JSON file of ``autoshard.Hardware`` fields."""
-    import autoshard
-    if text is None or text.lower() == "h100":
-        return autoshard.H100
+CPU_SLOWDOWN = 1000
+"""``zoo`` on CPU prices on H100s slowed 1000x, on which the tiny models weigh about as
+models 1000x larger weigh on H100s (on the real ones a tiny model is all latency, and its
+best plan replicates everything)."""
+
+
+def cpu_hardware(mesh):
+    """``zoo``'s default on CPU: H100s slowed ``CPU_SLOWDOWN`` times, the first axis of a
+    multi-axis mesh between hosts (``hardware.INTER_NODE_BANDWIDTH``), the others NVLink."""
+    from autoshard import hardware
+    names = mesh.axis_names if mesh is not None else ()
+    links = {name: (hardware.INTER_NODE_BANDWIDTH if i == 0 and len(names) > 1
+                    else hardware.H100.bandwidth(name)) for i, name in enumerate(names)}
+    hw = dataclasses.replace(hardware.H100, link_bandwidth=links) if links else hardware.H100
+    return hw.slowed(CPU_SLOWDOWN)
+
+
+def load_hardware(text: str | None, mesh=None):
+    """A profile (``h100``, ``a100``, ... as in ``hardware.DEVICE_KINDS``), a profile slowed
+    by a factor (``h100/1000``), or a JSON file of ``autoshard.Hardware`` fields. None: the
+    mesh's device kind (``hardware.default_hardware``); on CPU, :func:`cpu_hardware`."""
+    from autoshard import hardware
+    if text is None:
+        on_cpu = mesh is None or mesh.devices.flat[0].platform == "cpu"
+        return cpu_hardware(mesh) if on_cpu else hardware.default_hardware(mesh)
+    name, _, factor = text.lower().partition("/")
+    if name in hardware.DEVICE_KINDS and " " not in name:
+        hw = hardware.DEVICE_KINDS[name]
+        try:
+            return hw.slowed(float(factor)) if factor else hw
+        except (ValueError, ZeroDivisionError):
+            raise CliError(f"cannot read hardware {text!r}: the factor after / must be a "
+                           "positive number (e.g. h100/1000)") from None
     path = Path(text)
     if not path.is_file():
-        raise CliError(f"unknown hardware {text!r}: use h100 or a JSON file of Hardware "
-                       "fields (flops, hbm_bandwidth, memory, link_bandwidth, link_latency)")
+        profiles = ", ".join(k for k in hardware.DEVICE_KINDS if " " not in k)
+        raise CliError(f"unknown hardware {text!r}: use a profile ({profiles}), a profile "
+                       "slowed by a factor (h100/1000), or a JSON file of Hardware fields "
+                       "(flops, hbm_bandwidth, memory, link_bandwidth, link_latency)")
     try:
-        return autoshard.Hardware.from_dict(json.loads(path.read_text()))
+        return hardware.Hardware.from_dict(json.loads(path.read_text()))
     except (ValueError, TypeError) as e:
         raise CliError(f"hardware file {text}: {e}") from None
+
+
+TABLE_WIDTH = 150
+
+
+def hardware_phrase(text: str | None, mesh) -> str:
+    """How ``zoo`` names the hardware it prices on."""
+    if text is not None:
+        return text
+    if mesh.devices.flat[0].platform == "cpu":
+        between = (f", {mesh.axis_names[0]!r} axis between hosts" if len(mesh.axis_names) > 1
+                   else "")
+        return (f"H100s slowed {CPU_SLOWDOWN}x{between}: a tiny model weighs on them as a big "
+                "one does on H100s (--hardware h100: the real ones)")
+    return f"{mesh.devices.flat[0].device_kind} (its profile in autoshard.hardware)"
 
 
 def launched() -> bool:
@@ -182,17 +230,21 @@ def comparison_table(rows: list[tuple[str, object]]) -> str:
     return "\n".join(lines)
 
 
-def annotation_diff(plan, pins: dict) -> list[str]:
-    """Per annotated path whose auto spec differs: ``path: annotated -> auto``."""
-    from autoshard import specs
-    lines = []
+def annotation_diff(plan, pins: dict, full: bool = False) -> list[tuple[int, str]]:
+    """Where the auto spec differs from the annotated one: ``(count, line)`` per path, or
+    (``full=False``) per layer pattern, ``blocks[0..11]['mlp']['fc1']['kernel']``."""
+    from autoshard import specs, viz
+    groups: dict[tuple, list] = {}
     for path, pspec in pins.items():
         auto = plan.argument(path)
         wanted = specs.from_partition_spec(pspec, len(auto.shape))
         if wanted != auto.spec:
-            lines.append(f"  {path}: annotated {specs.spec_str(wanted)}, "
-                         f"auto {specs.spec_str(auto.spec)}")
-    return lines
+            pattern, indices = viz.index_pattern(path)
+            key = (path if full else pattern, specs.spec_str(wanted), specs.spec_str(auto.spec))
+            groups.setdefault(key, []).append(indices)
+    return [(len(indices), f"  {viz.pattern_path(pattern, indices) if not full else pattern}: "
+                           f"annotated {wanted}, auto {auto}")
+            for (pattern, wanted, auto), indices in groups.items()]
 
 
 def numerics_check(case, got, want) -> tuple[bool, float, str]:
@@ -236,7 +288,8 @@ def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | N
             memory_budget: str | None, save_plan: Path | None, axes: str | None,
             respect_annotations: bool, seed: int, checkpoint_dir: Path | None = None,
             checkpoint_every: int = 0, resume: bool = False,
-            microbatches: str | None = None, pipeline: str | None = None) -> None:
+            microbatches: str | None = None, pipeline: str | None = None,
+            full: bool = False) -> None:
     global _quiet
     shape, names = parse_mesh(mesh_text, axes)
     count = math.prod(shape)
@@ -264,6 +317,8 @@ def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | N
         raise CliError(f"mesh {mesh_text} needs {count} devices; {jax.devices()[0].platform} "
                        f"has {len(jax.devices())}"
                        + (f" over {jax.process_count()} processes" if multi else ""))
+    mesh = autoshard.make_mesh(shape, names)
+    hw = load_hardware(hardware, mesh)
     latest = checkpoint_start(checkpoint_dir, resume)
     if multi:
         typer.echo(f"process {info.process_id}/{info.num_processes}: "
@@ -271,11 +326,11 @@ def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | N
     total = 6
     t = stage(1, total, f"building {model}/{size} (seed {seed})")
     case = entry.train_case(size, seed=seed)
-    mesh = autoshard.make_mesh(shape, names)
     say(f"      {len(jax.tree.leaves(case.state))} state arrays, mesh "
         f"{dict(zip(names, shape))} on {jax.devices()[0].platform}"
         + (f" ({jax.process_count()} processes)" if multi else "")
         + f", {time.perf_counter() - t:.1f} s")
+    say(f"      priced on {hardware_phrase(hardware, mesh)}")
 
     pins = case.annotation_pins(mesh) if case.annotations else {}
     t = stage(2, total, "planning (trace, cost, solve)"
@@ -295,15 +350,16 @@ def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | N
     s = plan.solver
     say(f"      trace {s.get('trace_s', 0):.1f} s, cost {s.get('cost_s', 0):.1f} s, "
         f"solve {s.get('solve_s', 0):.1f} s ({s.get('status', '')})")
-    say(plan.summary_text())
+    say(plan.summary_text(width=TABLE_WIDTH, full=full))
     if plan.pipeline is not None:
         from autoshard import viz
         say(viz.schedule(plan).text())
     if pins and not respect_annotations:
-        diff = annotation_diff(plan, pins)
-        say(f"annotated vs auto plan: {len(diff)} of {len(pins)} annotated params "
+        diff = annotation_diff(plan, pins, full=full)
+        differ = sum(count for count, _ in diff)
+        say(f"annotated vs auto plan: {differ} of {len(pins)} annotated params "
             "differ" + (":" if diff else ""))
-        for line in diff:
+        for _, line in diff:
             say(line)
     if save_plan and info.is_primary:
         save_plan.write_text(plan.to_json())
@@ -367,17 +423,22 @@ def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | N
 def zoo(
     model: Optional[str] = typer.Argument(None, help="zoo model, e.g. gpt (see --list)"),
     size: str = typer.Option("tiny", help="size name: tiny, small, large, ..."),
-    mesh: str = typer.Option("2x4", help="mesh shape, e.g. 8 or 2x4"),
+    mesh: str = typer.Option(ZOO_DEFAULT_MESH, help="mesh shape, e.g. 8, 2x4 or 3x3 (on CPU, "
+                                                     "as many simulated devices)"),
     steps: int = typer.Option(20, min=0, help="training steps to run (the last is step "
                                               "steps-1, also when resuming)"),
     list_models_: bool = typer.Option(False, "--list", help="list models and sizes"),
-    hardware: Optional[str] = typer.Option(None, help="h100, or a JSON file of Hardware fields"),
+    hardware: Optional[str] = typer.Option(
+        None, help="a profile (h100, h200, a100, ...), one slowed by a factor (h100/1000), or "
+                   "a JSON file of Hardware fields; default: the GPU's kind, on CPU h100/1000"),
     memory_budget: Optional[str] = typer.Option(None, help="bytes per device, e.g. 40GB"),
     save_plan: Optional[Path] = typer.Option(None, help="write the plan as JSON here"),
     axes: Optional[str] = typer.Option(None, help="mesh axis names, e.g. data,model"),
     respect_annotations: bool = typer.Option(
         False, help="pin the model's nnx.with_partitioning annotations"),
     seed: int = typer.Option(0, help="seed of the initial params and the data"),
+    full: bool = typer.Option(False, "--full", help="list every array in the plan table "
+                                                   "(default: one row per layer pattern)"),
     checkpoint_dir: Optional[Path] = typer.Option(
         None, help="save sharded checkpoints of the train state here"),
     checkpoint_every: int = typer.Option(
@@ -398,7 +459,7 @@ def zoo(
         raise CliError("name a model (see autoshard zoo --list)")
     run_zoo(model, size, mesh, steps, hardware, memory_budget, save_plan, axes,
             respect_annotations, seed, checkpoint_dir, checkpoint_every, resume,
-            microbatches, pipeline)
+            microbatches, pipeline, full)
 
 
 def parse_microbatches(text: str) -> int | str:
@@ -418,7 +479,8 @@ def launch(
     num_processes: int = typer.Option(..., "-n", "--num-processes", min=1,
                                       help="processes to start"),
     devices_per_process: Optional[int] = typer.Option(
-        None, min=1, help="simulated CPU devices per process"),
+        None, min=1, help="simulated CPU devices per process (default for a zoo run: its "
+                          "mesh size / N)"),
     platform: str = typer.Option(
         "cpu", help="JAX_PLATFORMS for the processes ('cpu'; '' leaves it unset)"),
     port: Optional[int] = typer.Option(None, help="coordinator port (default: a free one)"),
@@ -435,7 +497,7 @@ def launch(
         command = command[1:]
     if not command:
         raise CliError("give the command to run after --, e.g. autoshard launch -n 2 "
-                       "--devices-per-process 4 -- autoshard zoo gpt --mesh 2x4")
+                       "-- autoshard zoo gpt --mesh 2x4")
     return launcher.launch(command, num_processes, devices_per_process=devices_per_process,
                            platform=platform or None, port=port, timeout_s=timeout)
 
@@ -443,10 +505,11 @@ def launch(
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: bad input ends with one line on stderr and exit status 2."""
     from autoshard.errors import AutoshardError
+    from autoshard.extras import MissingExtraError
     try:
         result = app(args=argv, standalone_mode=False)
         return result if isinstance(result, int) else 0
-    except (CliError, AutoshardError) as e:
+    except (CliError, AutoshardError, MissingExtraError) as e:
         typer.echo(f"autoshard: error: {e}", err=True)
         return 2
     except typer.Exit as e:

@@ -51,6 +51,22 @@ class Hardware:
         """Roofline time of an op doing ``flops`` and touching ``num_bytes`` of HBM."""
         return max(flops / self.flops, num_bytes / self.hbm_bandwidth)
 
+    def slowed(self, factor: float) -> "Hardware":
+        """This device with ``factor`` times less FLOP/s and bandwidth; memory and latency
+        unchanged. A model ``factor`` times smaller then weighs on it about as the full
+        model weighs on the real device.
+
+        Example::
+
+            H100.slowed(1000).flops   # 4.9e11
+        """
+        links = (self.link_bandwidth / factor if isinstance(self.link_bandwidth, (int, float))
+                 else {k: v / factor for k, v in self.link_bandwidth.items()})
+        return dataclasses.replace(self, flops=self.flops / factor,
+                                   hbm_bandwidth=self.hbm_bandwidth / factor,
+                                   link_bandwidth=links,
+                                   default_link_bandwidth=self.default_link_bandwidth / factor)
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -69,6 +85,86 @@ class Hardware:
 
 H100 = Hardware(flops=4.9e14, hbm_bandwidth=2.7e12, memory=80e9,
                 link_bandwidth=3.6e11, link_latency=1e-5)
+
+
+def _gpu(peak_flops: float, hbm_bandwidth: float, memory: float, link_bandwidth: float) -> Hardware:
+    """Sustained figures from a data sheet: half the dense bf16 peak, 80 % of the HBM and
+    per-GPU NVLink (or PCIe) bandwidth, as the ``H100`` profile takes them."""
+    return Hardware(flops=0.5 * peak_flops, hbm_bandwidth=0.8 * hbm_bandwidth, memory=memory,
+                    link_bandwidth=0.8 * link_bandwidth, link_latency=1e-5,
+                    default_link_bandwidth=0.8 * link_bandwidth)
+
+
+# JAX's ``device.device_kind`` (lower case) -> per-device profile; the first key contained
+# in the kind wins, so the more specific names come first.
+DEVICE_KINDS: dict[str, Hardware] = {
+    "gh200": _gpu(9.89e14, 4.0e12, 96e9, 4.5e11),
+    "h200": _gpu(9.89e14, 4.8e12, 141e9, 4.5e11),
+    "h100 pcie": _gpu(7.56e14, 2.0e12, 80e9, 6.4e10),
+    "h100": H100,
+    "h800": _gpu(9.89e14, 3.35e12, 80e9, 2.0e11),
+    "b200": _gpu(2.25e15, 8.0e12, 180e9, 9.0e11),
+    "a100-sxm4-40gb": _gpu(3.12e14, 1.555e12, 40e9, 3.0e11),
+    "a100-pcie-40gb": _gpu(3.12e14, 1.555e12, 40e9, 3.2e10),
+    "a100 80gb pcie": _gpu(3.12e14, 1.935e12, 80e9, 3.2e10),
+    "a100": _gpu(3.12e14, 2.039e12, 80e9, 3.0e11),
+    "a10g": _gpu(1.25e14, 6.0e11, 24e9, 3.2e10),
+    "l40s": _gpu(3.62e14, 8.64e11, 48e9, 3.2e10),
+    "l4": _gpu(1.21e14, 3.0e11, 24e9, 3.2e10),
+    "v100": _gpu(1.25e14, 9.0e11, 32e9, 1.5e11),
+}
+
+INTER_NODE_BANDWIDTH = 4e10
+"""Bytes/s per device along a mesh axis whose devices sit in different processes (hosts):
+80 % of a 400 Gb/s network link per GPU."""
+
+
+def device_kind_hardware(device_kind: str) -> Hardware | None:
+    """The profile of a JAX ``device_kind`` such as ``"NVIDIA H100 80GB HBM3"``; None if unknown.
+
+    Example::
+
+        device_kind_hardware("NVIDIA A100-SXM4-40GB").memory   # 4e10
+    """
+    kind = device_kind.lower()
+    return next((hw for key, hw in DEVICE_KINDS.items() if key in kind), None)
+
+
+def _crosses_processes(mesh, axis: int) -> bool:
+    """Whether devices along mesh axis ``axis`` belong to more than one process."""
+    import numpy as np
+    ids = np.vectorize(lambda d: d.process_index)(mesh.devices)
+    return bool((np.moveaxis(ids, axis, -1) != np.moveaxis(ids, axis, -1)[..., :1]).any())
+
+
+def default_hardware(mesh=None) -> Hardware:
+    """The hardware of ``mesh``'s devices, from their kind (H100, H200, A100, ...).
+
+    Axes whose devices span processes (hosts) get ``INTER_NODE_BANDWIDTH``; memory is what
+    the device reports where it reports it. Devices of unknown kind (CPU included) get the
+    ``H100`` profile.
+
+    Example::
+
+        hw = default_hardware(autoshard.make_mesh((2, 8), ("data", "model")))
+    """
+    if mesh is None:
+        return H100
+    device = mesh.devices.flat[0]
+    hw = device_kind_hardware(getattr(device, "device_kind", ""))
+    if hw is None:
+        return H100
+    links = {name: INTER_NODE_BANDWIDTH if _crosses_processes(mesh, i) else hw.bandwidth(name)
+             for i, name in enumerate(mesh.axis_names)}
+    return dataclasses.replace(hw, link_bandwidth=links, memory=_reported_memory(device, hw))
+
+
+def _reported_memory(device, hw: Hardware) -> float:
+    try:
+        stats = device.memory_stats() or {}
+    except Exception:           # backends without memory_stats raise various errors
+        stats = {}
+    return float(stats.get("bytes_limit", hw.memory))
 
 
 def _ring(group_size: int) -> float:

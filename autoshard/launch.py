@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import signal
 import socket
@@ -29,6 +30,7 @@ ENV_NUM_PROCESSES = "AUTOSHARD_NUM_PROCESSES"
 ENV_PROCESS_ID = "AUTOSHARD_PROCESS_ID"
 ENV_DEVICES_PER_PROCESS = "AUTOSHARD_DEVICES_PER_PROCESS"
 
+ZOO_DEFAULT_MESH = "2x4"      # autoshard zoo's --mesh default
 TERMINATE_GRACE_S = 5.0
 POLL_S = 0.05
 
@@ -62,6 +64,48 @@ def process_env(process_id: int, num_processes: int, coordinator_address: str, *
     if platform == "cpu":
         env["JAX_CPU_COLLECTIVES_IMPLEMENTATION"] = "gloo"
     return env
+
+
+def zoo_mesh(command: Sequence[str]) -> str | None:
+    """The ``--mesh`` of an ``autoshard zoo`` command (its default when not given); None
+    when ``command`` is not a zoo run."""
+    tokens = list(command)
+    for i, token in enumerate(tokens[1:], start=1):
+        before = os.path.basename(tokens[i - 1])
+        if token == "zoo" and before in ("autoshard", "autoshard.cli"):
+            rest = tokens[i + 1:]
+            for j, arg in enumerate(rest):
+                if arg == "--mesh" and j + 1 < len(rest):
+                    return rest[j + 1]
+                if arg.startswith("--mesh="):
+                    return arg.split("=", 1)[1]
+            return ZOO_DEFAULT_MESH
+    return None
+
+
+def default_devices_per_process(command: Sequence[str], num_processes: int) -> tuple[int | None, str]:
+    """CPU devices per process when ``--devices-per-process`` is not given, and a line to
+    say about it: a zoo run's mesh size / ``num_processes``; otherwise None (JAX's one CPU
+    device each) and what to pass for more, which the launcher says if the run fails.
+
+    Example::
+
+        default_devices_per_process(["autoshard", "zoo", "gpt", "--mesh", "2x4"], 2)   # (4, ...)
+    """
+    mesh = zoo_mesh(command)
+    if mesh is None:
+        return None, ("[launch] each process has 1 CPU device; pass --devices-per-process K "
+                      "for K simulated devices each")
+    try:
+        count = math.prod(int(n) for n in mesh.lower().split("x"))
+    except ValueError:
+        return None, ""            # zoo itself reports the unreadable mesh
+    if count % num_processes:
+        return None, (f"[launch] mesh {mesh} ({count} devices) does not split evenly over "
+                      f"{num_processes} processes; pass --devices-per-process K")
+    per_process = count // num_processes
+    return per_process, (f"[launch] {per_process} CPU devices per process for mesh {mesh} "
+                         f"over {num_processes} processes")
 
 
 @dataclasses.dataclass
@@ -151,7 +195,9 @@ def launch(command: Sequence[str], num_processes: int, *, devices_per_process: i
     """Run ``command`` as ``num_processes`` processes of one run; returns the exit code.
 
     0 when every process exits 0; otherwise the first failure's code (or 124 on
-    ``timeout_s``), after terminating the processes still running.
+    ``timeout_s``), after terminating the processes still running. On CPU without
+    ``devices_per_process``, a zoo run gets its mesh size / ``num_processes`` devices each
+    (:func:`default_devices_per_process`).
 
     Example::
 
@@ -160,6 +206,14 @@ def launch(command: Sequence[str], num_processes: int, *, devices_per_process: i
     check_command(command, num_processes, devices_per_process, timeout_s)
     out = sys.stdout if out is None else out
     lock = threading.Lock()
+    hint = ""
+    if devices_per_process is None and platform == "cpu":
+        devices_per_process, note = default_devices_per_process(command, num_processes)
+        if devices_per_process is not None:
+            out.write(note + "\n")
+            out.flush()
+        else:
+            hint = note        # said if the run fails (a mesh wanting more devices, say)
     coordinator = f"{host}:{port or free_port()}"
     children = [_start(command, pid, process_env(pid, num_processes, coordinator,
                                                  devices_per_process=devices_per_process,
@@ -168,6 +222,9 @@ def launch(command: Sequence[str], num_processes: int, *, devices_per_process: i
     code = _wait(children, timeout_s, out, lock)
     for c in children:
         c.reader.join(timeout=2.0)
+    if code != 0 and hint:
+        out.write(hint + "\n")
+        out.flush()
     return code
 
 
@@ -211,7 +268,8 @@ def parser() -> argparse.ArgumentParser:
         description="Run a command as N processes of one jax.distributed run on this machine.")
     p.add_argument("-n", "--num-processes", type=int, required=True)
     p.add_argument("--devices-per-process", type=int, default=None,
-                   help="simulated CPU devices per process")
+                   help="simulated CPU devices per process (default for autoshard zoo: "
+                        "the mesh size / N)")
     p.add_argument("--platform", default="cpu",
                    help="JAX_PLATFORMS for the processes ('cpu'; '' leaves it unset)")
     p.add_argument("--port", type=int, default=None, help="coordinator port (default: a free one)")

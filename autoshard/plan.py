@@ -288,15 +288,21 @@ class Plan:
                               f"{self.microbatching.remat})")
         return table
 
-    def summary_text(self, width: int = 120) -> str:
-        from rich.console import Console
-        buffer = io.StringIO()
-        Console(file=buffer, width=width, force_terminal=False, color_system=None).print(self.table())
-        return buffer.getvalue()
+    def summary_text(self, width: int = 150, full: bool = False) -> str:
+        from autoshard import viz
+        if full:
+            from rich.console import Console
+            buffer = io.StringIO()
+            Console(file=buffer, width=width, force_terminal=False,
+                    color_system=None).print(self.table())
+            return buffer.getvalue()
+        return viz.summary(self).text(width)
 
-    def summary(self) -> None:
-        """Print the plan table: path, shape, spec, bytes per device, and the cost."""
-        print(self.summary_text())
+    def summary(self, full: bool = False) -> None:
+        """Print the plan table and the predicted cost: one row per layer pattern
+        (``blocks[0..11]['attn']['query']['kernel']``), optimizer state folded into its
+        parameter where it takes the same spec, largest first; ``full=True``: every array."""
+        print(self.summary_text(full=full))
 
     def argument(self, path: str) -> ArgumentInfo:
         if not isinstance(path, str):
@@ -335,7 +341,7 @@ class Plan:
 
     def _repr_html_(self) -> str:
         from autoshard import viz
-        return viz.table(self)._repr_html_()
+        return viz.summary(self)._repr_html_()
 
     # -- JSON --------------------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -34,15 +34,16 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from autoshard import specs, validate
-from autoshard.breakdown import path_keys
+from autoshard.breakdown import is_index, path_keys
 from autoshard.errors import AutoshardError, MeshError, OptionError, PlanError
 from autoshard.plan import Plan
 from autoshard.specs import Spec
 
 __all__ = [
     "BreakdownView", "CompareView", "DiffView", "MemoryView", "ScoreboardView", "ShardingView",
-    "TableView", "View", "WhatIfView", "breakdown", "compare", "diff", "explain",
-    "format_bytes", "format_seconds", "memory", "scoreboard", "sharding", "table", "what_if",
+    "SummaryView", "TableView", "View", "WhatIfView", "breakdown", "compare", "diff", "explain",
+    "format_bytes", "format_seconds", "memory", "scoreboard", "sharding", "summary", "table",
+    "what_if",
 ]
 
 MESH_SHAPES_8 = ((1, 8), (2, 4), (4, 2), (8, 1))
@@ -108,6 +109,8 @@ def axis_sizes(mesh: Mesh) -> dict[str, int]:
 
 def new_figure(width_in: float, height_in: float, ncols: int = 1):
     """A matplotlib Figure on the Agg canvas (no pyplot, safe headless)."""
+    from autoshard.extras import require
+    require("matplotlib", "viz", "autoshard.viz plots")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     fig = Figure(figsize=(width_in, height_in), layout="constrained")
@@ -318,6 +321,142 @@ def schedule(plan) -> ScheduleView:
         raise PlanError("viz.schedule needs a pipelined plan (autoshard.plan(..., "
                         "pipeline=...)) or a Pipelining")
     return ScheduleView(pipeline)
+
+# -- the collapsed plan table -------------------------------------------------------------------
+
+PARAMS_KEYS = ("params", "['params']")
+
+
+def index_pattern(path: str) -> tuple[str, tuple[int, ...]]:
+    """``"p['blocks'][3]['w']"`` -> ``("p['blocks'][*]['w']", (3,))``: a path's list indices
+    taken out, so that the same leaf of every layer shares one pattern."""
+    head, keys = path_keys(path)
+    indices = tuple(int(k[1:-1]) for k in keys if is_index(k))
+    return head + "".join("[*]" if is_index(k) else k for k in keys), indices
+
+
+def index_set_str(values: Iterable[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0..2,5"``."""
+    values = sorted(set(values))
+    runs, start = [], values[0]
+    for prev, cur in zip(values, values[1:] + [None]):
+        if cur != prev + 1:
+            runs.append(str(start) if start == prev else f"{start}..{prev}")
+            start = cur
+    return ",".join(runs)
+
+
+def pattern_path(pattern: str, index_tuples: Sequence[tuple[int, ...]]) -> str:
+    """Fill a pattern's ``[*]`` with the index sets seen at each position."""
+    parts = pattern.split("[*]")
+    out = parts[0]
+    for position, part in enumerate(parts[1:]):
+        out += f"[{index_set_str(t[position] for t in index_tuples)}]" + part
+    return out
+
+
+def parameter_suffixes(rows: Sequence[dict]) -> dict[tuple[str, ...], dict]:
+    """Parameter rows (under a ``params`` key) by their keys after that key."""
+    out = {}
+    for row in rows:
+        head, keys = path_keys(row["path"])
+        tokens = (head, *keys)
+        for i, token in enumerate(tokens):
+            if token in PARAMS_KEYS and i + 1 < len(tokens):
+                out[tokens[i + 1:]] = row
+                break
+    return out
+
+
+def followed_parameter(row: dict, params: Mapping[tuple[str, ...], dict]) -> dict | None:
+    """The parameter an optimizer-state leaf belongs to: the one whose keys end its path,
+    with the same shape (Adam's ``mu``/``nu`` of ``params['w']`` end in ``['w']``)."""
+    head, keys = path_keys(row["path"])
+    if head in PARAMS_KEYS or any(k in PARAMS_KEYS for k in keys):
+        return None
+    for start in range(len(keys)):
+        param = params.get(keys[start:])
+        if param is not None and tuple(param["shape"]) == tuple(row["shape"]):
+            return param
+    return None
+
+
+class SummaryView(View):
+    """The plan table collapsed: one row per leaf of every layer that shares a pattern
+    (``blocks[0..11]['attn']['query']['kernel']``), optimizer state folded into its
+    parameter's row where it takes the parameter's spec and otherwise shown as the
+    parameter's ``(opt state)`` (Adam's moments together), largest first."""
+
+    columns = ("path", "shape", "dtype", "spec", "leaves", "bytes/device")
+    right_aligned = ("leaves", "bytes/device")
+
+    def __init__(self, plan: Plan):
+        self.plan = require_plan(plan, "viz.summary")
+        full = TableView(plan)
+        self.title = full.title
+        self.leaf_rows = full.rows()
+        groups = self.groups()
+        folded = sum(g["followers"] for g in groups)
+        self.caption = (f"{len(self.leaf_rows)} arrays in {len(groups)} rows"
+                        + (f"; {folded} optimizer-state arrays take their parameter's spec"
+                           if folded else "")
+                        + "; full table: plan.summary(full=True)\n" + full.caption)
+
+    def groups(self) -> list[dict]:
+        params = parameter_suffixes(self.leaf_rows)
+        follows, state_of = {}, {}
+        for row in self.leaf_rows:
+            param = followed_parameter(row, params)
+            if param is not None and param["spec"] == row["spec"]:
+                follows[row["path"]] = param["path"]
+            elif param is not None:
+                state_of[row["path"]] = param["path"]
+        groups: dict[tuple, dict] = {}
+        by_path = {}
+        for row in self.leaf_rows:
+            if row["path"] in follows:
+                continue
+            pattern, indices = index_pattern(state_of.get(row["path"], row["path"]))
+            if row["path"] in state_of:
+                pattern += " (opt state)"
+            key = (pattern, tuple(row["shape"]), row["dtype"], row["spec"])
+            group = groups.setdefault(key, dict(pattern=pattern, shape=tuple(row["shape"]),
+                                                dtype=row["dtype"], spec=row["spec"],
+                                                indices=[], leaves=0, followers=0,
+                                                bytes_per_device=0.0))
+            group["indices"].append(indices)
+            group["leaves"] += 1
+            group["bytes_per_device"] += row["bytes_per_device"]
+            by_path[row["path"]] = group
+        for row in self.leaf_rows:
+            if row["path"] in follows:
+                group = by_path[follows[row["path"]]]
+                group["followers"] += 1
+                group["bytes_per_device"] += row["bytes_per_device"]
+        return list(groups.values())
+
+    def rows(self) -> list[dict]:
+        out = [dict(path=pattern_path(g["pattern"], g["indices"]), shape=g["shape"],
+                    dtype=g["dtype"], spec=g["spec"], leaves=g["leaves"],
+                    followers=g["followers"], bytes_per_device=g["bytes_per_device"])
+               for g in self.groups()]
+        return sorted(out, key=lambda r: (-r["bytes_per_device"], r["path"]))
+
+    def cells(self, row: dict) -> list[str]:
+        leaves = str(row["leaves"]) + (f" +{row['followers']} opt" if row["followers"] else "")
+        return [row["path"], str(row["shape"]), row["dtype"], row["spec"], leaves,
+                format_bytes(row["bytes_per_device"])]
+
+
+def summary(plan: Plan, full: bool = False) -> View:
+    """The plan table collapsed by layer pattern, optimizer state with its parameter,
+    largest first (``full=True``: :func:`table`, a row per argument).
+
+    Example::
+
+        viz.summary(plan)   # blocks[0..11]['attn']['query']['kernel']  (64, 8, 8) ... 12 +24 opt
+    """
+    return TableView(plan) if full else SummaryView(plan)
 
 
 # -- cost breakdown ---------------------------------------------------------------------------

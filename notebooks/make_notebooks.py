@@ -111,8 +111,11 @@ print("w1 is laid out as", got["w1"].sharding.spec)
     md('''
 ## The plan
 
-A plan renders as a table: each argument's spec, its bytes per device and whether it is
-split or replicated, with the predicted step time and peak memory per device underneath.
+A plan renders as a table, largest first: each argument's spec and its bytes per device,
+with the predicted step time and peak memory per device underneath. The same leaf of every
+layer shares one row (`blocks[0..11]['attn']['query']['kernel']`), and optimizer state that
+takes its parameter's spec is counted in the parameter's row (`+2 opt`);
+`plan.summary(full=True)` and `viz.table(plan)` list every argument.
 '''),
     code('''
 plan = train_step.plan_for(params, batch)

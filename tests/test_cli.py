@@ -122,9 +122,10 @@ def test_launch_needs_a_command():
 def test_launch_zoo_two_processes():
     zoo = [sys.executable, "-m", "autoshard.cli", "zoo", "gpt", "--size", "tiny",
            "--mesh", "2x4", "--steps", "3"]
-    result = autoshard("launch", "-n", "2", "--devices-per-process", "4", "--", *zoo)
+    result = autoshard("launch", "-n", "2", "--", *zoo)        # devices: the mesh's 8 / 2
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     out = result.stdout
+    assert "[launch] 4 CPU devices per process for mesh 2x4 over 2 processes" in out
     for pid in (0, 1):
         assert f"[p{pid}] process {pid}/2: 4 local of 8 devices" in out, out[-3000:]
         prefix = f"[p{pid}]"
@@ -133,3 +134,67 @@ def test_launch_zoo_two_processes():
         assert sorted(steps) == [0, 1, 2], out[-3000:]
     assert "[p0] plan " in out and "[p1] plan " not in out     # tables on process 0 only
     assert "[p0]       skipped: a multi-process run" in out
+
+
+def lines_before_training(out: str) -> list[str]:
+    return out[:out.index("[5/6] training")].splitlines()
+
+
+@pytest.mark.slow
+def test_main_job_shows_a_split_plan_in_a_short_table():
+    result = autoshard("zoo", "gpt", "--size", "tiny", "--mesh", "2x4", "--steps", "1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    head = lines_before_training(result.stdout)
+    assert len(head) <= 60, "\n".join(head)
+    rows = [line for line in head if line.startswith("│")]
+    assert any("['blocks'][0..1]['mlp']['fc1']['kernel']" in r for r in rows), "\n".join(rows)
+    assert any("model" in r.split("│")[4] for r in rows), "\n".join(rows)   # spec column
+    assert " +4 opt " in "\n".join(rows)       # Adam's mu and nu folded into their parameter
+    assert "PASS" in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh,splits", [("3x3", False), ("1x1", False), ("16", True)])
+def test_any_mesh_shape_plans_and_runs(tmp_path, mesh, splits):
+    plan_file = tmp_path / "plan.json"
+    result = autoshard("zoo", "gpt", "--size", "tiny", "--mesh", mesh, "--steps", "1",
+                       "--save-plan", str(plan_file))
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "PASS" in result.stdout
+    import json
+    args = json.loads(plan_file.read_text())["arguments"]
+    sharded = [a for a in args if any(a["spec"])]
+    assert bool(sharded) == splits, sharded[:3]     # no axis of 3x3 divides a dim: replicated
+
+
+def test_full_flag_lists_every_array():
+    result = autoshard("zoo", "mlp", "--size", "tiny", "--mesh", "2x4", "--steps", "0",
+                       "--full")
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line for line in lines_before_training(result.stdout) if line.startswith("│")]
+    assert any("['hidden'][0]" in r for r in rows) and not any(".." in r for r in rows)
+
+
+def test_launch_sizes_devices_from_the_zoo_mesh():
+    from autoshard import launch
+    zoo = ["autoshard", "zoo", "gpt", "--size", "tiny"]
+    assert launch.default_devices_per_process(zoo + ["--mesh", "2x4"], 2)[0] == 4
+    assert launch.default_devices_per_process(zoo + ["--mesh=16"], 4)[0] == 4
+    assert launch.default_devices_per_process(zoo, 2)[0] == 4             # zoo's default 2x4
+    python_m = [sys.executable, "-m", "autoshard.cli", "zoo", "mlp", "--mesh", "3x3"]
+    assert launch.default_devices_per_process(python_m, 3)[0] == 3
+    count, note = launch.default_devices_per_process(python_m, 2)
+    assert count is None and "--devices-per-process" in note and "\n" not in note
+    count, note = launch.default_devices_per_process(["python", "train.py"], 2)
+    assert count is None and "pass --devices-per-process K" in note
+
+
+def test_missing_extra_is_one_line():
+    code = ("import sys; sys.modules['flax'] = None; from autoshard.cli import main; "
+            "sys.exit(main(['zoo', 'gpt', '--steps', '0']))")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300, env=env)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and 'pip install "autoshard[zoo]"' in lines[0], result.stderr

@@ -59,6 +59,29 @@ def test_table_has_a_row_per_argument(plan):
     assert ("replicated" in text) or ("sharded" in text)
 
 
+def test_index_patterns():
+    assert viz.index_pattern("s['blocks'][3]['w']") == ("s['blocks'][*]['w']", (3,))
+    assert viz.index_set_str([5, 0, 1, 2]) == "0..2,5"
+    assert viz.pattern_path("s['b'][*]['w']", [(0,), (1,), (2,)]) == "s['b'][0..2]['w']"
+
+
+def test_summary_collapses_layers_and_folds_optimizer_state():
+    program = programs.transformer_train_step(layers=3)
+    mesh = autoshard.make_mesh((2, 4), ("data", "model"))
+    plan = autoshard.plan(program.fn, *program.args, mesh=mesh)
+    view = viz.summary(plan)
+    rows = view.rows()
+    assert sum(r["leaves"] + r["followers"] for r in rows) == len(plan.arguments)
+    assert len(rows) < len(plan.arguments) / 3
+    assert any("['layers'][0..2]" in r["path"] for r in rows), [r["path"] for r in rows]
+    sizes = [r["bytes_per_device"] for r in rows]
+    assert sizes == sorted(sizes, reverse=True)
+    folded = [r for r in rows if r["followers"]]            # Adam's m and v with their param
+    assert folded and all(r["followers"] == 2 * r["leaves"] for r in folded)
+    assert "plan.summary(full=True)" in str(view)
+    assert len(viz.summary(plan, full=True).rows()) == len(plan.arguments)
+
+
 def test_views_refuse_what_is_not_a_plan():
     with pytest.raises(autoshard.PlanError, match="needs an autoshard.Plan"):
         viz.table({"not": "a plan"})

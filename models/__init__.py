@@ -25,7 +25,12 @@ import importlib
 from typing import Callable
 
 from autoshard.errors import InputError
-from autoshard.models.case import TrainCase
+from autoshard.extras import require
+
+require("flax", "zoo", "autoshard.models")
+require("optax", "zoo", "autoshard.models")
+
+from autoshard.models.case import TrainCase  # noqa: E402  (after the extras check)
 
 __all__ = ["Model", "TrainCase", "UnknownModelError", "get", "names", "train_case"]
 

@@ -1,0 +1,61 @@
+"""How autoshard installs: the extras, the package list, the zoo mapped from models/."""
+
+import pathlib
+import sys
+import tomllib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def names(requirements):
+    return {r.split("[")[0].split(">")[0].split("=")[0].split("<")[0].strip()
+            for r in requirements}
+
+
+def test_core_needs_only_what_planning_needs():
+    assert names(PYPROJECT["project"]["dependencies"]) == {"jax", "numpy", "scipy", "rich",
+                                                           "typer"}
+
+
+def test_extras():
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert extras["cuda"] == ["jax[cuda12]>=0.10"]
+    assert names(extras["zoo"]) == {"flax", "optax"}
+    assert names(extras["checkpoint"]) == {"orbax-checkpoint"}
+    assert names(extras["viz"]) == {"matplotlib"}
+    assert "autoshard[zoo,checkpoint,viz]" in extras["all"][0] or set(extras["all"]) >= {
+        "autoshard[zoo]", "autoshard[checkpoint]", "autoshard[viz]"}
+    assert any(r.startswith("autoshard[") and "all" in r for r in extras["dev"])
+    assert {"pytest", "nbclient", "nbformat", "ipykernel", "hypothesis"} <= names(extras["dev"])
+
+
+def test_every_package_is_installed_and_no_top_level_models():
+    setuptools = PYPROJECT["tool"]["setuptools"]
+    on_disk = {".".join(p.parent.relative_to(ROOT).parts)
+               for p in (ROOT / "autoshard").rglob("__init__.py")}
+    assert on_disk <= set(setuptools["packages"]), on_disk - set(setuptools["packages"])
+    assert setuptools["package-dir"] == {"autoshard.models": "models"}
+    assert "models" not in setuptools["packages"]
+    assert not (ROOT / "autoshard" / "models").exists()
+
+
+def test_zoo_imports_from_the_checkout():
+    import autoshard
+    from autoshard import models
+    import autoshard.models.gpt as gpt
+    assert pathlib.Path(models.__file__).parent == ROOT / "models"
+    assert autoshard.models is models and gpt.GPTConfig is models.get("gpt").module.GPTConfig
+
+
+def test_missing_extra_names_it(monkeypatch):
+    from autoshard.extras import MissingExtraError, require
+    with pytest.raises(MissingExtraError, match=r'pip install "autoshard\[viz\]"'):
+        require("no_such_module_xyz", "viz", "autoshard.viz plots")
+    monkeypatch.setitem(sys.modules, "orbax.checkpoint", None)   # as if orbax were missing
+    monkeypatch.delitem(sys.modules, "autoshard.checkpoint", raising=False)
+    with pytest.raises(ImportError, match=r'autoshard.checkpoint needs orbax.checkpoint: '
+                                          r'pip install "autoshard\[checkpoint\]"'):
+        import autoshard.checkpoint  # noqa: F401
