@@ -164,13 +164,24 @@ def writable_file(name: str, value) -> pathlib.Path:
 
 # -- arrays -----------------------------------------------------------------------------------
 
+JAX_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+              "float8_e4m3b11fnuz", "float8_e3m4", "float8_e4m3", "float8_e8m0fnu",
+              "float4_e2m1fn", "int4", "uint4", "int2", "uint2")
+
+
+def is_jax_dtype(dtype: np.dtype) -> bool:
+    """bfloat16 and the float8 and int4 types (ml_dtypes, numpy kind 'V') are JAX's own."""
+    import jax.numpy as jnp
+    return any(dtype == jnp.dtype(name) for name in JAX_DTYPES if hasattr(jnp, name))
+
+
 def leaf_dtype(path: str, dtype) -> None:
     """String, object and other non-numeric arrays have no place in a JAX program."""
     try:
-        kind = np.dtype(dtype).kind
+        dtype = np.dtype(dtype)
     except TypeError:
         return   # JAX's own extended dtypes (PRNG keys)
-    if kind in "OSUVMm":
+    if dtype.kind in "OSUVMm" and not is_jax_dtype(dtype):
         raise InputError(f"argument {path} has dtype {np.dtype(dtype)}, which JAX cannot "
                          "trace: pass numeric or boolean arrays")
 
