@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from autoshard import specs
 from autoshard.apply import Decision
@@ -55,6 +55,44 @@ def resolve_pins(pins: Mapping[str, Any] | None, graph, sizes) -> dict[int, spec
             shape = graph.values[graph.nodes[node_id].outputs[0]].shape
             resolved[node_id] = pin_spec(leaf_path, pspec, shape, sizes)
     return resolved
+
+
+def _is_pin_leaf(x) -> bool:
+    return x is None or isinstance(x, (PartitionSpec, NamedSharding))
+
+
+def pin_paths(pins, paths: Sequence[str], args: tuple) -> dict[str, Any]:
+    """Pins in the path form: ``{path: PartitionSpec}``. ``pins`` is that form already,
+    or a pytree like ``jax.jit``'s ``in_shardings``: a ``PartitionSpec``, ``NamedSharding``
+    or ``None`` (free) per argument leaf, or one for a whole subtree (a prefix of the
+    arguments' tree; a single one for every argument)."""
+    if pins is None or isinstance(pins, Mapping) and all(
+            isinstance(k, str) for k in pins):
+        return dict(pins or {})
+    if _is_pin_leaf(pins):
+        pins = (pins,) * len(args)
+    elif isinstance(pins, list):
+        pins = tuple(pins)
+    if not isinstance(pins, tuple):
+        raise PinError(f"pins: expected {{path: PartitionSpec}} or a tuple with one entry per "
+                       f"argument (like jax.jit's in_shardings), got {type(pins).__name__}")
+    flat, prefix = jax.tree_util.tree_flatten(pins, is_leaf=_is_pin_leaf)
+    bad = [x for x in flat if not _is_pin_leaf(x)]
+    if bad:
+        raise PinError(f"pins: every leaf must be a PartitionSpec, NamedSharding or None, "
+                       f"got {type(bad[0]).__name__}")
+    try:
+        subtrees = prefix.flatten_up_to(tuple(args))
+    except (ValueError, TypeError) as e:
+        raise PinError(f"pins do not match the arguments' tree: {e}") from None
+    out, start = {}, 0
+    for pin, subtree in zip(flat, subtrees):
+        count = len(jax.tree_util.tree_leaves(subtree))
+        if pin is not None:
+            spec = pin.spec if isinstance(pin, NamedSharding) else pin
+            out.update((path, spec) for path in paths[start:start + count])
+        start += count
+    return out
 
 
 def pin_spec(path, pspec, shape, sizes) -> specs.Spec:
@@ -242,7 +280,9 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
         arguments + outputs + temporaries - donated.
       pins: ``{"params['wq']": PartitionSpec(None, "model")}``: specs the plan must keep,
         for arguments (by path, or a path prefix for a whole subtree) and for outputs
-        (``"out"``, ``"out[0]"``, ...).
+        (``"out"``, ``"out[0]"``, ...); or, like ``jax.jit``'s ``in_shardings``, a tuple
+        with one entry per argument: a pytree (or prefix) of ``PartitionSpec``,
+        ``NamedSharding`` or ``None`` (left free).
       donate_argnums: arguments whose buffers the outputs may reuse.
       reuse: solve repeated structure (the layers of an unrolled model) once and give every
         copy that solution; ``False`` solves every group on its own.
@@ -265,6 +305,7 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
     with PlanProgress(progress) as show, collection_paused():
         program = trace_program(fn, *args)
         jaxpr_s = time.perf_counter() - started
+        pins = pin_paths(pins, program.paths, args)
         fingerprint = program_fingerprint(program.closed_jaxpr, program.leaves)
         options = {"memory_budget": budget, "donate_argnums": list(donate_argnums),
                    "pins": sorted((k, repr(v)) for k, v in (pins or {}).items()),

@@ -431,6 +431,12 @@ class _Builder:
         if best is None:
             return None
         producer = self.graph.values[node.operands[best]].producer
+        if self.graph.nodes[producer].kind == "arg" and len(self.space.strategies[node.id]) > 1:
+            # an argument's spec is where it arrives, not where its readers compute: a
+            # replicated argument may be read in slices for free (Adam's update of a
+            # replicated moment, split over the batch axes). Following it would keep
+            # those plans out of the search, which pinning the argument opens.
+            return None
         fixed = len(self.choice[self.groups[self.group_of_node[producer]][0]]) == 1
         if fixed and len(self.space.strategies[node.id]) > 1:
             return None   # a group with one strategy would decide this node's alone
