@@ -20,7 +20,8 @@ from autoshard.apply import Decision
 from autoshard.breakdown import cost_breakdown, memory_parts
 from autoshard.cache import PLANS, cache_dir, plan_key
 from autoshard.coarsen import coarsen
-from autoshard.cost import CostGraph, build_cost_graph, operand_reshard_seconds
+from autoshard.cost import (TIEBREAK_SECONDS_PER_BYTE, CostGraph, build_cost_graph,
+                            operand_reshard_seconds)
 from autoshard.errors import MemoryBudgetError, PinError
 from autoshard.hardware import H100, Hardware
 from autoshard.mesh import as_auto_mesh, axis_sizes
@@ -401,12 +402,20 @@ def solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s,
                  memory_parts=memory_parts(cg, choice, result.memory_bytes))
     plan_.solver.update({
         "status": result.status, "objective_s": result.objective,
+        "tiebreak_s": tiebreak_seconds(request, choice),
         "lower_bound_s": result.lower_bound, "groups": cg.num_groups,
         "solved_groups": coarse.num_classes, "nodes": len(graph.nodes),
         "edges": len(cg.edges), "trace_s": traced - started, "cost_s": costed - traced,
         "coarsen_s": coarsened - costed, "solve_s": solved - coarsened,
         "plan_s": time.perf_counter() - started, "cache": None})
     return plan_
+
+
+def tiebreak_seconds(request: Request, choice) -> float:
+    """The part of the solver's objective that is no time: a price per byte held, which
+    breaks ties between plans of equal time (``cost.TIEBREAK_SECONDS_PER_BYTE``). The
+    objective is the plan's ``cost.total_s`` plus this."""
+    return TIEBREAK_SECONDS_PER_BYTE * sum(float(b[choice[g]]) for g, b in request.memory_terms)
 
 
 def abstract_signature(args) -> tuple:

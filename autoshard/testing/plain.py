@@ -120,10 +120,11 @@ class LMConfig:
     capacity_factor: float = 2.0
 
 
-LM_SIZES = {"tiny": LMConfig(),
+LM_SIZES = {"tiny": LMConfig(vocab=256, seq=32, d_model=128, heads=4, d_ff=512, batch=16),
             "small": LMConfig(vocab=1024, seq=128, d_model=256, heads=8, layers=4,
                               d_ff=1024, batch=16)}
-MOE_SIZES = {"tiny": LMConfig(experts=8, d_ff=128),
+MOE_SIZES = {"tiny": LMConfig(vocab=256, seq=32, d_model=128, heads=4, d_ff=256, batch=16,
+                               experts=8),
              "small": LMConfig(vocab=1024, seq=128, d_model=256, heads=8, layers=2,
                                d_ff=512, batch=16, experts=8)}
 
@@ -238,7 +239,7 @@ class CNNConfig:
     batch: int = 16
 
 
-CNN_SIZES = {"tiny": CNNConfig(),
+CNN_SIZES = {"tiny": CNNConfig(image=16, channels=(32, 64, 128), classes=32, batch=32),
              "small": CNNConfig(image=32, channels=(64, 128, 256), classes=64, batch=64)}
 CNN_TP_RULES = [(r"\['conv\d+'\]\['kernel'\]$", P(None, None, None, ex.MODEL)),
                 (r"\['conv\d+'\]\['bias'\]$", P(ex.MODEL)),
