@@ -58,6 +58,9 @@ def reshard_collectives(shape: Sequence[int], dtype, src: Spec, dst: Spec,
         num_bytes = total / specs.dim_shards(tuple(current), axis_sizes)
         seconds = hwlib.all_to_all_seconds(num_bytes, axis_sizes[axis], hw.bandwidth(axis),
                                            hw.link_latency)
+        # the chunks for each peer are cut along the dim the axis joins, not the major
+        # one: XLA copies the buffer into peer-major order first (read and write it)
+        seconds += hw.compute_seconds(0.0, 2 * num_bytes)
         out.append(Collective("all-to-all", (axis,), num_bytes, seconds))
     gathered = tuple(a for a in leaving if a not in joining)
     if gathered:

@@ -558,17 +558,34 @@ def _fusion_bytes(comp: Computation, inst: Instruction, fused: Computation) -> i
         else:
             written += out.shape.num_bytes
     read = 0
+    sliced_elements, kept = _sliced_root(fused)
     for k, operand in enumerate(inst.operands):
         param = fused.parameter(k)
         if param is not None and param.name in in_place:
             continue   # the buffer the update is written into: not read
         users = fused.users(param.name) if param is not None else []
+        shape = _shape_of(comp, operand)
         if users and all(u.opcode in ("dynamic-slice", "slice") and u.operands[0] == param.name
                          for u in users):
             read += sum(u.shape.num_bytes for u in users)
+        elif sliced_elements and shape.num_elements == sliced_elements:
+            read += shape.num_bytes * kept // sliced_elements
         else:
-            read += _shape_of(comp, operand).num_bytes
+            read += shape.num_bytes
     return read + written
+
+
+def _sliced_root(fused: Computation) -> tuple[int, int]:
+    """(elements sliced, elements kept) when the fusion's result is a slice of what it
+    computes (through bitcasts and reshapes): a loop fusion computes only the elements it
+    keeps, so it reads only those of each operand of the sliced shape (the chunks XLA's
+    CPU all-to-all cuts from an activation, one fusion per peer); (0, 0) otherwise."""
+    node = fused.root
+    while node.opcode in ("bitcast", "reshape") and node.operands[0] in fused.by_name:
+        node = fused.by_name[node.operands[0]]
+    if node.opcode not in ("slice", "dynamic-slice") or node.operands[0] not in fused.by_name:
+        return 0, 0
+    return fused.by_name[node.operands[0]].shape.num_elements, node.shape.num_elements
 
 
 # --------------------------------------------------------------------------- collectives
