@@ -122,6 +122,12 @@ def combined_collectives(mesh: Mesh) -> tuple[str, ...]:
     return COMBINED_COLLECTIVES.get("gpu" if platform in ("cuda", "rocm") else platform, ())
 
 
+def reduction_itemsize(mesh: Mesh) -> int:
+    """Bytes per element the backend's all-reduces run narrower floats at: CPU XLA
+    reduces bf16 and f16 in f32, doubling their collective bytes; others keep the dtype."""
+    return 4 if mesh.devices.flat[0].platform == "cpu" else 0
+
+
 def native_reduce_scatter(mesh: Mesh) -> bool:
     """Whether XLA forms reduce-scatter on this backend; CPU all-reduces and keeps a slice."""
     return mesh.devices.flat[0].platform != "cpu"
@@ -342,7 +348,8 @@ def solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s,
     traced = time.perf_counter()
     show.stage(f"enumerating strategies for {len(graph.nodes)} nodes")
     pinned = resolve_pins(pins, graph, sizes)
-    space = build_strategies(graph, sizes, hw, pinned, combined_collectives(mesh))
+    space = build_strategies(graph, sizes, hw, pinned, combined_collectives(mesh),
+                             reduction_itemsize(mesh))
     donated = donated_pairs(graph, tuple(donate_argnums))
     # copies several readers share are first held once per reader, a smaller problem;
     # held once each when the budget binds (their memory then lives from the first reader

@@ -509,6 +509,36 @@ def _walk(module: HloModule, comp: Computation, multiplier: int,
             yield comp, inst, multiplier
 
 
+_NARROW_FLOATS = ("bf16", "f16")
+
+
+def _widened_from(comp: Computation, inst: Instruction) -> tuple[str, str] | None:
+    """(program dtype, compiled dtype) when a collective reduces a float its backend
+    widened first (CPU XLA converts bf16 to f32 around an all-reduce): its operand is a
+    convert, or a fusion ending in one, from a narrower float."""
+    result = _result_shape(inst)
+    if result.is_tuple or result.dtype in _NARROW_FLOATS:
+        return None
+    for name in inst.operands:   # widened before it
+        operand = comp.by_name.get(name)
+        if (operand is not None and operand.opcode == "convert" and operand.operands
+                and operand.operands[0] in comp.by_name):
+            source = comp.by_name[operand.operands[0]].shape.dtype
+            if source in _NARROW_FLOATS:
+                return source, result.dtype
+    for user in comp.users(inst.name):   # narrowed after it (the dot ran in f32)
+        if user.opcode in ("convert", "fusion") and _converts_to(user, comp) in _NARROW_FLOATS:
+            return _result_shape(user).dtype, result.dtype
+    return None
+
+
+def _converts_to(inst: Instruction, comp: Computation) -> str | None:
+    """The dtype ``inst`` converts to: a convert, or a fusion wrapping one (CPU)."""
+    if inst.opcode == "convert" or "convert" in inst.name:
+        return _result_shape(inst).dtype
+    return None
+
+
 def _is_done(inst: Instruction) -> bool:
     return inst.opcode.endswith("-done") or inst.opcode == "async-update"
 
@@ -771,6 +801,12 @@ def report_from_module(module: HloModule, hardware: Hardware, mesh=None, memory=
                       else _collective(module, comp, inst, count, hardware, mesh))
         if collective is not None:
             collectives.append(collective)
+            widened = _widened_from(comp, inst)
+            if widened:
+                warnings.append(f"{collective.kind} {inst.name} moves {widened[1]} converted "
+                                f"from the program's {widened[0]}: {collective.num_bytes} "
+                                f"bytes where the program's dtype has "
+                                f"{collective.num_bytes * _DTYPE_BITS[widened[0]] // _DTYPE_BITS[widened[1]]}")
         elif op_flops or op_bytes:
             compute_s += hardware.compute_seconds(op_flops, op_bytes) * count
     comm_s = sum(c.total_seconds for c in collectives)
