@@ -172,3 +172,13 @@ def test_reuse_and_coarsening_cost_nothing(name):
     assert alone == pytest.approx(exact, rel=RELATIVE)
     reused = plan_of(name).solver["objective_s"]
     assert alone * (1 - RELATIVE) <= reused <= alone * (1 + REUSE_TOLERANCE)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["plain_lm-8", "plain_moe-8", "plain_cnn-2x4"])
+def test_plain_plans_match_one_device(name):
+    case = case_of(name)
+    expected = jax.jit(case.train_step)(*case.args)
+    got = plan_of(name).jit()(*case.args)
+    for e, g in zip(jax.tree.leaves(expected), jax.tree.leaves(got)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=case.rtol, atol=case.atol)
