@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from autoshard import specs, validate
 from autoshard.accumulate import active_pipeline
@@ -21,7 +21,8 @@ from autoshard.apply import Decision, propagation_gives
 from autoshard.breakdown import cost_breakdown, memory_parts
 from autoshard.cache import PLANS, cache_dir, plan_key
 from autoshard.coarsen import coarsen
-from autoshard.cost import CostGraph, build_cost_graph, operand_reshard_seconds
+from autoshard.cost import (TIEBREAK_SECONDS_PER_BYTE, CostGraph, build_cost_graph,
+                            operand_reshard_seconds)
 from autoshard.errors import MemoryBudgetError, PinError
 from autoshard.hardware import Hardware, default_hardware
 from autoshard.mesh import as_auto_mesh, axis_sizes
@@ -59,6 +60,44 @@ def resolve_pins(pins: Mapping[str, Any] | None, graph, sizes) -> dict[int, spec
     return resolved
 
 
+def _is_pin_leaf(x) -> bool:
+    return x is None or isinstance(x, (PartitionSpec, NamedSharding))
+
+
+def pin_paths(pins, paths: Sequence[str], args: tuple) -> dict[str, Any]:
+    """Pins in the path form: ``{path: PartitionSpec}``. ``pins`` is that form already,
+    or a pytree like ``jax.jit``'s ``in_shardings``: a ``PartitionSpec``, ``NamedSharding``
+    or ``None`` (free) per argument leaf, or one for a whole subtree (a prefix of the
+    arguments' tree; a single one for every argument)."""
+    if pins is None or isinstance(pins, Mapping) and all(
+            isinstance(k, str) for k in pins):
+        return dict(pins or {})
+    if _is_pin_leaf(pins):
+        pins = (pins,) * len(args)
+    elif isinstance(pins, list):
+        pins = tuple(pins)
+    if not isinstance(pins, tuple):
+        raise PinError(f"pins: expected {{path: PartitionSpec}} or a tuple with one entry per "
+                       f"argument (like jax.jit's in_shardings), got {type(pins).__name__}")
+    flat, prefix = jax.tree_util.tree_flatten(pins, is_leaf=_is_pin_leaf)
+    bad = [x for x in flat if not _is_pin_leaf(x)]
+    if bad:
+        raise PinError(f"pins: every leaf must be a PartitionSpec, NamedSharding or None, "
+                       f"got {type(bad[0]).__name__}")
+    try:
+        subtrees = prefix.flatten_up_to(tuple(args))
+    except (ValueError, TypeError) as e:
+        raise PinError(f"pins do not match the arguments' tree: {e}") from None
+    out, start = {}, 0
+    for pin, subtree in zip(flat, subtrees):
+        count = len(jax.tree_util.tree_leaves(subtree))
+        if pin is not None:
+            spec = pin.spec if isinstance(pin, NamedSharding) else pin
+            out.update((path, spec) for path in paths[start:start + count])
+        start += count
+    return out
+
+
 def pin_spec(path, pspec, shape, sizes) -> specs.Spec:
     try:
         spec = specs.from_partition_spec(pspec, len(shape))
@@ -83,6 +122,12 @@ COMBINED_COLLECTIVES = {"cpu": ("all-reduce",),
 def combined_collectives(mesh: Mesh) -> tuple[str, ...]:
     platform = mesh.devices.flat[0].platform
     return COMBINED_COLLECTIVES.get("gpu" if platform in ("cuda", "rocm") else platform, ())
+
+
+def reduction_itemsize(mesh: Mesh) -> int:
+    """Bytes per element the backend's all-reduces run narrower floats at: CPU XLA
+    reduces bf16 and f16 in f32, doubling their collective bytes; others keep the dtype."""
+    return 4 if mesh.devices.flat[0].platform == "cpu" else 0
 
 
 def native_reduce_scatter(mesh: Mesh) -> bool:
@@ -282,7 +327,9 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
         arguments + outputs + temporaries - donated.
       pins: ``{"params['wq']": PartitionSpec(None, "model")}``: specs the plan must keep,
         for arguments (by path, or a path prefix for a whole subtree) and for outputs
-        (``"out"``, ``"out[0]"``, ...).
+        (``"out"``, ``"out[0]"``, ...); or, like ``jax.jit``'s ``in_shardings``, a tuple
+        with one entry per argument: a pytree (or prefix) of ``PartitionSpec``,
+        ``NamedSharding`` or ``None`` (left free).
       donate_argnums: arguments whose buffers the outputs may reuse.
       reuse: solve repeated structure (the layers of an unrolled model) once and give every
         copy that solution; ``False`` solves every group on its own.
@@ -332,6 +379,7 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
     with PlanProgress(progress) as show, collection_paused():
         program = trace_program(fn, *args)
         jaxpr_s = time.perf_counter() - started
+        pins = pin_paths(pins, program.paths, args)
         fingerprint = program_fingerprint(program.closed_jaxpr, program.leaves)
         options = {"memory_budget": budget, "donate_argnums": list(donate_argnums),
                    "pins": sorted((k, repr(v)) for k, v in (pins or {}).items()),
@@ -371,7 +419,8 @@ def solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s,
         pinned.update(constraint_pins(graph, active_pipeline().axis))
     donated = donated_pairs(graph, tuple(donate_argnums))
     pinned = pin_donated_arguments(graph, pinned, donated)
-    space = build_strategies(graph, sizes, hw, pinned, combined_collectives(mesh))
+    space = build_strategies(graph, sizes, hw, pinned, combined_collectives(mesh),
+                             reduction_itemsize(mesh))
     # copies several readers share are first held once per reader, a smaller problem;
     # held once each when the budget binds (their memory then lives from the first reader
     # that may make it, so neither pricing bounds the other)
@@ -429,12 +478,20 @@ def solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s,
                  memory_parts=memory_parts(cg, choice, result.memory_bytes))
     plan_.solver.update({
         "status": result.status, "objective_s": result.objective,
+        "tiebreak_s": tiebreak_seconds(request, choice),
         "lower_bound_s": result.lower_bound, "groups": cg.num_groups,
         "solved_groups": coarse.num_classes, "nodes": len(graph.nodes),
         "edges": len(cg.edges), "trace_s": traced - started, "cost_s": costed - traced,
         "coarsen_s": coarsened - costed, "solve_s": solved - coarsened,
         "plan_s": time.perf_counter() - started, "cache": None})
     return plan_
+
+
+def tiebreak_seconds(request: Request, choice) -> float:
+    """The part of the solver's objective that is no time: a price per byte held, which
+    breaks ties between plans of equal time (``cost.TIEBREAK_SECONDS_PER_BYTE``). The
+    objective is the plan's ``cost.total_s`` plus this."""
+    return TIEBREAK_SECONDS_PER_BYTE * sum(float(b[choice[g]]) for g, b in request.memory_terms)
 
 
 def abstract_signature(args) -> tuple:

@@ -58,6 +58,9 @@ def reshard_collectives(shape: Sequence[int], dtype, src: Spec, dst: Spec,
         num_bytes = total / specs.dim_shards(tuple(current), axis_sizes)
         seconds = hwlib.all_to_all_seconds(num_bytes, axis_sizes[axis], hw.bandwidth(axis),
                                            hw.link_latency)
+        # the chunks for each peer are cut along the dim the axis joins, not the major
+        # one: XLA copies the buffer into peer-major order first (read and write it)
+        seconds += hw.compute_seconds(0.0, 2 * num_bytes)
         out.append(Collective("all-to-all", (axis,), num_bytes, seconds))
     gathered = tuple(a for a in leaving if a not in joining)
     if gathered:
@@ -431,6 +434,12 @@ class _Builder:
         if best is None:
             return None
         producer = self.graph.values[node.operands[best]].producer
+        if self.graph.nodes[producer].kind == "arg" and len(self.space.strategies[node.id]) > 1:
+            # an argument's spec is where it arrives, not where its readers compute: a
+            # replicated argument may be read in slices for free (Adam's update of a
+            # replicated moment, split over the batch axes). Following it would keep
+            # those plans out of the search, which pinning the argument opens.
+            return None
         fixed = len(self.choice[self.groups[self.group_of_node[producer]][0]]) == 1
         if fixed and len(self.space.strategies[node.id]) > 1:
             return None   # a group with one strategy would decide this node's alone

@@ -38,7 +38,7 @@ __all__ = [
     "BATCH", "DATA", "MODEL", "Rule", "compile_expert", "data_parallel", "expert_parallel",
     "fit_spec", "fsdp", "fsdp_tp", "inspect_expert", "jit_expert", "largest_dim_spec",
     "jit_gpipe", "leaf_paths", "megatron", "resolve_spec", "role_axes", "shardings_from_rules",
-    "standard_experts",
+    "standard_experts", "zero1",
 ]
 
 BATCH = "<batch>"
@@ -197,6 +197,18 @@ def fsdp(state: Any, batch: Any) -> ExpertFn:
     return lambda mesh: (
         shardings_from_rules(state, mesh, [], prefix="state",
                              default=lambda shape: largest_dim_spec(shape, mesh, BATCH)),
+        batch_shardings(batch, mesh, BATCH))
+
+
+def zero1(state: Any, batch: Any) -> ExpertFn:
+    """ZeRO-1: parameters replicated, the optimizer state (every leaf under
+    ``['opt_state']``) split on its largest divisible dim over every axis; batch split
+    over every axis. XLA all-reduces the gradients and updates each shard of the
+    moments; the new parameters are gathered whole."""
+    return lambda mesh: (
+        shardings_from_rules(state, mesh, [
+            (r"\['opt_state'\]", lambda shape: largest_dim_spec(shape, mesh, BATCH))],
+            prefix="state"),
         batch_shardings(batch, mesh, BATCH))
 
 

@@ -509,6 +509,36 @@ def _walk(module: HloModule, comp: Computation, multiplier: int,
             yield comp, inst, multiplier
 
 
+_NARROW_FLOATS = ("bf16", "f16")
+
+
+def _widened_from(comp: Computation, inst: Instruction) -> tuple[str, str] | None:
+    """(program dtype, compiled dtype) when a collective reduces a float its backend
+    widened first (CPU XLA converts bf16 to f32 around an all-reduce): its operand is a
+    convert, or a fusion ending in one, from a narrower float."""
+    result = _result_shape(inst)
+    if result.is_tuple or result.dtype in _NARROW_FLOATS:
+        return None
+    for name in inst.operands:   # widened before it
+        operand = comp.by_name.get(name)
+        if (operand is not None and operand.opcode == "convert" and operand.operands
+                and operand.operands[0] in comp.by_name):
+            source = comp.by_name[operand.operands[0]].shape.dtype
+            if source in _NARROW_FLOATS:
+                return source, result.dtype
+    for user in comp.users(inst.name):   # narrowed after it (the dot ran in f32)
+        if user.opcode in ("convert", "fusion") and _converts_to(user, comp) in _NARROW_FLOATS:
+            return _result_shape(user).dtype, result.dtype
+    return None
+
+
+def _converts_to(inst: Instruction, comp: Computation) -> str | None:
+    """The dtype ``inst`` converts to: a convert, or a fusion wrapping one (CPU)."""
+    if inst.opcode == "convert" or "convert" in inst.name:
+        return _result_shape(inst).dtype
+    return None
+
+
 def _is_done(inst: Instruction) -> bool:
     return inst.opcode.endswith("-done") or inst.opcode == "async-update"
 
@@ -558,17 +588,34 @@ def _fusion_bytes(comp: Computation, inst: Instruction, fused: Computation) -> i
         else:
             written += out.shape.num_bytes
     read = 0
+    sliced_elements, kept = _sliced_root(fused)
     for k, operand in enumerate(inst.operands):
         param = fused.parameter(k)
         if param is not None and param.name in in_place:
             continue   # the buffer the update is written into: not read
         users = fused.users(param.name) if param is not None else []
+        shape = _shape_of(comp, operand)
         if users and all(u.opcode in ("dynamic-slice", "slice") and u.operands[0] == param.name
                          for u in users):
             read += sum(u.shape.num_bytes for u in users)
+        elif sliced_elements and shape.num_elements == sliced_elements:
+            read += shape.num_bytes * kept // sliced_elements
         else:
-            read += _shape_of(comp, operand).num_bytes
+            read += shape.num_bytes
     return read + written
+
+
+def _sliced_root(fused: Computation) -> tuple[int, int]:
+    """(elements sliced, elements kept) when the fusion's result is a slice of what it
+    computes (through bitcasts and reshapes): a loop fusion computes only the elements it
+    keeps, so it reads only those of each operand of the sliced shape (the chunks XLA's
+    CPU all-to-all cuts from an activation, one fusion per peer); (0, 0) otherwise."""
+    node = fused.root
+    while node.opcode in ("bitcast", "reshape") and node.operands[0] in fused.by_name:
+        node = fused.by_name[node.operands[0]]
+    if node.opcode not in ("slice", "dynamic-slice") or node.operands[0] not in fused.by_name:
+        return 0, 0
+    return fused.by_name[node.operands[0]].shape.num_elements, node.shape.num_elements
 
 
 # --------------------------------------------------------------------------- collectives
@@ -754,6 +801,12 @@ def report_from_module(module: HloModule, hardware: Hardware, mesh=None, memory=
                       else _collective(module, comp, inst, count, hardware, mesh))
         if collective is not None:
             collectives.append(collective)
+            widened = _widened_from(comp, inst)
+            if widened:
+                warnings.append(f"{collective.kind} {inst.name} moves {widened[1]} converted "
+                                f"from the program's {widened[0]}: {collective.num_bytes} "
+                                f"bytes where the program's dtype has "
+                                f"{collective.num_bytes * _DTYPE_BITS[widened[0]] // _DTYPE_BITS[widened[1]]}")
         elif op_flops or op_bytes:
             compute_s += hardware.compute_seconds(op_flops, op_bytes) * count
     comm_s = sum(c.total_seconds for c in collectives)

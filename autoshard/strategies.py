@@ -101,6 +101,7 @@ class _Context:
     hardware: Hardware
     materialized: tuple            # (per operand: read from memory, per result: written)
     combined_kinds: frozenset      # collective kinds this node's reductions combine
+    reduction_itemsize: int = 0    # the backend reduces narrower floats at this width
 
 
 def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, ctx) -> list[Strategy]:
@@ -133,9 +134,24 @@ def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, ctx) -
             continue
         per_label = sorted(tuple(a for a in axis_sizes if a in split[l])
                            for l in einsum.reduce if split.get(l))
-        result += reduction_variants(node, name, in_specs, out_specs, out_shapes, out_bytes,
+        reduced_bytes = [b * reduction_widening(d, ctx.reduction_itemsize)
+                         for b, d in zip(out_bytes, out_dtypes)]
+        result += reduction_variants(node, name, in_specs, out_specs, out_shapes, reduced_bytes,
                                      partial_axes, per_label, compute_s, einsum.reduce_op, ctx)
     return result
+
+
+def reduction_widening(dtype, reduction_itemsize: int) -> float:
+    """How much wider than ``dtype`` the backend's reductions move it: CPU XLA all-reduces
+    bf16 and f16 in f32 (a convert before and after), so their collectives move 2x the
+    program's bytes; 1 elsewhere."""
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        return 1.0
+    if not np.issubdtype(dtype, np.floating) and dtype.name not in ("bfloat16",):
+        return 1.0
+    return max(1.0, reduction_itemsize / dtype.itemsize)
 
 
 def slice_copy_seconds(node: Node, out_shapes, in_bytes_each, out_bytes, hw: Hardware) -> float:
@@ -510,9 +526,11 @@ def node_signature(graph: Graph, node: Node) -> tuple:
 
 def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
                      pins: Mapping[int, Spec] | None = None,
-                     combined_kinds: tuple[str, ...] = ()) -> StrategySpace:
+                     combined_kinds: tuple[str, ...] = (),
+                     reduction_itemsize: int = 0) -> StrategySpace:
     """Enumerate every node's strategies. ``pins`` maps arg/output node ids to a fixed spec;
-    ``combined_kinds`` are the collective kinds the backend's combiner merges."""
+    ``combined_kinds`` are the collective kinds the backend's combiner merges;
+    ``reduction_itemsize`` the width its reductions run narrower floats at (CPU: 4)."""
     pins = pins or {}
     trailing = trailing_nodes(graph) if combined_kinds else [False] * len(graph.nodes)
     numbers: dict = {}   # equal signatures, one number: hashed once per node
@@ -553,7 +571,8 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
         if key not in known:
             known[key] = tuple(node_strategies(node, einsum, out_values, pins.get(node.id),
                                                _Context(axis_sizes, hw, (reads, writes),
-                                                        combining), whole))
+                                                        combining, reduction_itemsize),
+                                                whole))
         all_strategies.append(known[key])
     return StrategySpace(graph, tuple(all_strategies), tuple(einsums), tuple(materialized),
                          dict(axis_sizes), hw, tuple(trailing))

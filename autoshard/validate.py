@@ -17,7 +17,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from autoshard.errors import AutoshardError, InputError, MeshError, OptionError, PathError, PlanError, TraceError
+from autoshard.errors import (AutoshardError, InputError, MeshError, OptionError, PathError,
+                              PinError, PlanError, TraceError)
 
 LIBRARY_PACKAGES = ("jax", "jaxlib", "autoshard", "flax", "optax", "numpy")
 
@@ -89,6 +90,34 @@ def function(fn, what: str = "fn") -> Callable:
     return fn
 
 
+def pin_options(pins) -> None:
+    """``pins``: ``{path: PartitionSpec}``, or a pytree like ``jax.jit``'s ``in_shardings``
+    (a tuple or list with an entry per argument, or one spec for all) whose leaves are
+    ``PartitionSpec``, ``NamedSharding`` or ``None``."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+    if pins is None:
+        return
+    if isinstance(pins, Mapping):
+        for path in pins:
+            if not isinstance(path, str):
+                raise OptionError(f"pins keys must be argument paths (str), got "
+                                  f"{type_name(path)} {path!r}")
+        return
+    if not isinstance(pins, (tuple, list, PartitionSpec, NamedSharding)):
+        raise OptionError("pins must map argument paths to PartitionSpecs, e.g. "
+                          f"{{\"batch\": P('data')}}, or be a tuple with a pytree of "
+                          f"PartitionSpec / NamedSharding / None per argument, got "
+                          f"{type_name(pins)}")
+
+    def is_leaf(x):
+        return x is None or isinstance(x, (PartitionSpec, NamedSharding))
+    for path, leaf in jax.tree_util.tree_flatten_with_path(pins, is_leaf=is_leaf)[0]:
+        if not is_leaf(leaf):
+            raise PinError(f"pins{jax.tree_util.keystr(path)}: expected a PartitionSpec, "
+                              f"NamedSharding or None (free), got {type_name(leaf)} {leaf!r}")
+
+
 def plan_options(*, mesh, hardware, memory_budget, pins, donate_argnums, time_limit_s,
                  reuse, cache, cache_directory, progress, num_args: int | None = None) -> None:
     """The keywords of ``autoshard.plan`` and ``autoshard.auto_shard``."""
@@ -102,13 +131,7 @@ def plan_options(*, mesh, hardware, memory_budget, pins, donate_argnums, time_li
         raise OptionError(f"hardware must be an autoshard.Hardware, got {type_name(hardware)}")
     if memory_budget is not None:
         number("memory_budget", memory_budget, positive=True, allow_inf=True)
-    if pins is not None and not isinstance(pins, Mapping):
-        raise OptionError("pins must map argument paths to PartitionSpecs, e.g. "
-                          f"{{\"batch\": P('data')}}, got {type_name(pins)}")
-    for path in (pins or {}):
-        if not isinstance(path, str):
-            raise OptionError(f"pins keys must be argument paths (str), got {type_name(path)} "
-                              f"{path!r}")
+    pin_options(pins)
     argnums("donate_argnums", donate_argnums, num_args)
     number("time_limit_s", time_limit_s, positive=True)
     flag("reuse", reuse)

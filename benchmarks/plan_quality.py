@@ -4,10 +4,14 @@ For each case and mesh, compiles the auto plan and every expert plan with the sa
 Hardware (an H100 node; on the 8x2 mesh the first axis crosses nodes and gets the
 inter-node bandwidth), prices each compiled program with ``autoshard.inspect`` and prints
 one table: step time, compute, communication, memory per device, feasible under the
-budget, and auto / best feasible expert. A second table puts the planner's prediction
-beside the compiled figures of the auto plan.
+budget, and auto / best feasible expert (INFEASIBLE when auto's compiled memory breaks the
+budget; an expert XLA fails to compile is a FAILED row), then their geometric mean. A
+second table puts the planner's prediction beside the compiled figures of the auto plan.
+The train steps carry ZeRO-1 beside their experts; plain_lm, plain_moe and plain_cnn are
+train steps written in plain JAX (autoshard.testing.plain).
 
-Run: python benchmarks/plan_quality.py [--cases gpt,moe,resnet,inference,gpt_budget]
+Run: python benchmarks/plan_quality.py [--cases gpt,moe,resnet,inference,gpt_budget,
+                                                plain_lm,plain_moe,plain_cnn]
                                        [--meshes 8,2x4,8x2] [--json out.json]
      python benchmarks/plan_quality.py --cases mlp,vit,gpt_scan      # the rest of the zoo
      python benchmarks/plan_quality.py --cases corpus --meshes 8,2x4 # models from the
@@ -18,6 +22,7 @@ Run: python benchmarks/plan_quality.py [--cases gpt,moe,resnet,inference,gpt_bud
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -33,7 +38,7 @@ import autoshard  # noqa: E402
 from autoshard import experts, models  # noqa: E402
 from autoshard.errors import MemoryBudgetError  # noqa: E402
 from autoshard.inspect import inspect  # noqa: E402
-from autoshard.testing import programs  # noqa: E402
+from autoshard.testing import plain, programs  # noqa: E402
 
 NVLINK = 3.6e11        # bytes/s per device inside a node
 INTER_NODE = 4e10      # bytes/s per device between nodes
@@ -77,9 +82,21 @@ def _abstract(tree):
 
 def zoo_case(model: str, size: str = "small", **kw) -> Case:
     case = models.train_case(model, size, abstract=True)
-    return Case(f"{model}/{size}", case.train_step, _abstract(case.args), dict(case.experts),
+    return train_case_entry(case, f"{model}/{size}", **kw)
+
+
+def train_case_entry(case, name: str | None = None, **kw) -> Case:
+    """A ``TrainCase`` with its experts and ZeRO-1 (state out as it came in)."""
+    args = _abstract(case.args)
+    return Case(name or case.name, case.train_step, args,
+                {**case.experts, "zero1": experts.zero1(*args)},
                 lambda mesh, ins: (ins[0], NamedSharding(mesh, P())),
                 tuple(case.donate_argnums), **kw)
+
+
+def plain_case(name: str, size: str = "small") -> Case:
+    """A plain-JAX train step (no flax, Adam by tree maps) from autoshard.testing.plain."""
+    return train_case_entry(plain.train_case(name, size))
 
 
 def inference_case() -> Case:
@@ -126,9 +143,14 @@ CASES = {
     "gpt_scan": lambda: zoo_case("gpt_scan"),
     # models from the libraries people use (tiny configs, dropout on)
     **{name: (lambda name=name: corpus_case(name)) for name in CORPUS},
+    # train steps written in plain JAX, the way people write them without a framework
+    "plain_lm": lambda: plain_case("plain_lm"),
+    "plain_moe": lambda: plain_case("plain_moe"),
+    "plain_cnn": lambda: plain_case("plain_cnn"),
 }
 GROUPS = {"corpus": CORPUS}
-DEFAULT_CASES = ("gpt", "moe", "resnet", "inference", "gpt_budget")
+DEFAULT_CASES = ("gpt", "moe", "resnet", "inference", "gpt_budget", "plain_lm", "plain_moe",
+                 "plain_cnn")
 
 
 @dataclasses.dataclass
@@ -149,6 +171,10 @@ class Row:
     def feasible(self) -> bool:
         return self.memory_bytes <= self.budget
 
+    @property
+    def failed(self) -> bool:
+        return self.note.startswith("FAILED")
+
 
 def compile_expert(case: Case, mesh, name: str):
     ins = case.experts[name](mesh)
@@ -164,13 +190,18 @@ def run_case(case: Case, mesh_name: str) -> list[Row]:
     for name in case.experts:
         try:
             reports[name] = inspect(compile_expert(case, mesh, name), hw, mesh)
-        except Exception as e:  # an expert plan XLA cannot compile is reported, not fatal
-            print(f"  {case.name} {mesh_name} {name}: {type(e).__name__}: {e}"[:200],
-                  file=sys.stderr)
+        except Exception as e:  # an expert plan XLA cannot compile is a failure row
+            reports[name] = f"FAILED {type(e).__name__}: {e}"[:120]
+            print(f"  {case.name} {mesh_name} {name}: {reports[name]}", file=sys.stderr)
     budget = hw.memory
     if case.budget_fraction_of_dp is not None:
         budget = case.budget_fraction_of_dp * reports["data_parallel"].memory_bytes
+    nan = float("nan")
     for name, r in reports.items():
+        if isinstance(r, str):
+            rows.append(Row(case.name, mesh_name, name, nan, nan, nan, float("inf"), budget,
+                            note=r))
+            continue
         rows.append(Row(case.name, mesh_name, name, r.total_s, r.compute_s, r.comm_s,
                         r.memory_bytes, budget))
     started = time.perf_counter()
@@ -190,8 +221,15 @@ def run_case(case: Case, mesh_name: str) -> list[Row]:
 
 
 def ratio(rows: list[Row], auto: Row) -> float:
+    """auto / the best feasible expert; infinite when auto breaks the budget."""
+    if not auto.feasible:
+        return float("inf")
     feasible = [r.step_s for r in rows if r.plan != "auto" and r.feasible]
     return auto.step_s / min(feasible) if feasible else float("nan")
+
+
+def ratio_text(value: float) -> str:
+    return "INFEASIBLE" if value == float("inf") else f"{value:9.3f}"
 
 
 def print_tables(rows: list[Row]) -> None:
@@ -203,11 +241,21 @@ def print_tables(rows: list[Row]) -> None:
     for (case, mesh), group in groups.items():
         auto = next(r for r in group if r.plan == "auto")
         for r in group:
-            mark = f"{ratio(group, auto):9.3f}" if r is auto else ""
+            if r.failed:
+                print(f"{case:18} {mesh:5} {r.plan:16} {r.note}")
+                continue
+            mark = ratio_text(ratio(group, auto)) if r is auto else ""
             print(f"{case:18} {mesh:5} {r.plan:16} {r.step_s * 1e3:9.4f} "
                   f"{r.compute_s * 1e3:9.4f} {r.comm_s * 1e3:9.4f} "
                   f"{r.memory_bytes / 2**20:9.1f} {r.budget / 2**20:9.0f} "
                   f"{'yes' if r.feasible else 'NO':>5} {mark}")
+    ratios = [ratio(g, next(r for r in g if r.plan == "auto")) for g in groups.values()]
+    finite = [x for x in ratios if 0 < x < float("inf")]
+    if finite:
+        mean = math.exp(sum(math.log(x) for x in finite) / len(finite))
+        print(f"\nauto / best feasible expert: geometric mean {mean:.3f} over {len(finite)} "
+              f"cases, worst {max(finite):.3f}; auto infeasible on "
+              f"{sum(x == float('inf') for x in ratios)}")
     print(f"\npredicted vs compiled (auto plan)\n{'case':18} {'mesh':5} {'pred ms':>9} "
           f"{'comp ms':>9} {'err':>7} {'pred MiB':>9} {'comp MiB':>9} {'err':>7}")
     for r in rows:

@@ -141,7 +141,7 @@ CASES = [
      "memory_budget"),
     ("plan budget bool", lambda c: plan_with(c, memory_budget=True), OptionError,
      "memory_budget"),
-    ("plan pins list", lambda c: plan_with(c, pins=[("w", P())]), OptionError, "pins"),
+    ("plan pins list", lambda c: plan_with(c, pins=[("w", P())]), PinError, "pins[0][0]"),
     ("plan pins str", lambda c: plan_with(c, pins="w"), OptionError, "pins"),
     ("plan pins int key", lambda c: plan_with(c, pins={0: P()}), OptionError, "pins"),
     ("plan pin spec str", lambda c: plan_with(c, pins={"w": "data"}), PinError, "'w'"),
@@ -207,7 +207,7 @@ CASES = [
                                                                hardware="a100"),
      OptionError, "hardware"),
     ("auto_shard pins list", lambda c: autoshard.auto_shard(loss, mesh=c.mesh, pins=["w"]),
-     OptionError, "pins"),
+     PinError, "pins[0]"),
     ("auto_shard cache dir is a file", lambda c: autoshard.auto_shard(
         loss, mesh=c.mesh, cache_directory=c.file), PathError, "a_file"),
     ("auto_shard call with str leaf", lambda c: autoshard.auto_shard(loss, mesh=c.mesh)(

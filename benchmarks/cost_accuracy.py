@@ -1,0 +1,184 @@
+"""Cost-model accuracy on plans the solver did not choose.
+
+For each program and mesh: every expert layout (data parallel, FSDP, Megatron, FSDP x TP,
+expert parallel, ZeRO-1) and ``--random`` random partial pins, each planned with its pins
+(the solver fills in the rest), compiled, and read with ``autoshard.inspect`` under the
+same Hardware (an H100 node; on 8x2 the first axis crosses nodes, as in plan_quality.py).
+Prints predicted vs compiled step time per plan, then per program and mesh the median and
+worst |predicted / compiled - 1| and the Spearman rank correlation, and for the worst
+offenders the term furthest off: compute, a collective kind, or memory (resharding is
+priced as its own term and compiles to collectives, so it is set beside them).
+
+Run: python benchmarks/cost_accuracy.py [--programs gpt,moe,plain_lm,plain_moe,plain_cnn]
+                                        [--meshes 8,2x4,8x2] [--random 20] [--worst 3]
+"""
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + " --xla_force_host_platform_device_count=16").strip()
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from scipy import stats  # noqa: E402
+
+import autoshard  # noqa: E402
+from autoshard import experts, models, specs  # noqa: E402
+from autoshard.inspect import inspect  # noqa: E402
+from autoshard.mesh import axis_sizes  # noqa: E402
+from autoshard.testing import plain  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from plan_quality import hardware_for, mesh_for  # noqa: E402
+
+PROGRAMS = {
+    "gpt": lambda: models.train_case("gpt", "small"),
+    "moe": lambda: models.train_case("moe", "small"),
+    "plain_lm": lambda: plain.lm("small"),
+    "plain_moe": lambda: plain.moe("small"),
+    "plain_cnn": lambda: plain.cnn("small"),
+}
+
+
+@dataclasses.dataclass
+class Measured:
+    program: str
+    mesh: str
+    layout: str
+    predicted_s: float
+    compiled_s: float
+    terms: dict          # term -> (predicted seconds or bytes, compiled)
+
+    @property
+    def error(self) -> float:
+        return self.predicted_s / self.compiled_s - 1
+
+
+def random_pins(case, mesh, seed: int, fraction: float = 0.5) -> dict:
+    """Random valid specs for a random part of the arguments (path form)."""
+    rng = np.random.default_rng(seed)
+    sizes = axis_sizes(mesh)
+    paths = (experts.leaf_paths(case.state, "state")
+             + experts.leaf_paths(case.make_batch(0), "batch"))
+    pins = {}
+    for path, leaf in zip(paths, jax.tree.leaves(case.args)):
+        if rng.random() < fraction:
+            options = list(specs.enumerate_specs(leaf.shape, sizes))
+            pins[path] = specs.to_partition_spec(options[rng.integers(len(options))])
+    return pins
+
+
+def layouts(case, mesh, num_random: int) -> dict:
+    abstract = case.abstract_args()
+    out = {name: fn(mesh) for name, fn in case.experts.items()}
+    out["zero1"] = experts.zero1(*abstract)(mesh)
+    out.update({f"random{seed}": random_pins(case, mesh, seed) for seed in range(num_random)})
+    return out
+
+
+def terms_of(plan, report) -> dict:
+    """Predicted and compiled seconds per term: compute, each collective kind (predicted:
+    the chosen strategies' own), resharding (predicted only: it compiles to collectives),
+    the latencies combined collectives share (predicted only: compiled, they are in each
+    collective); and bytes of memory."""
+    predicted: dict = {"compute": plan.cost.compute_s, "resharding": plan.cost.reshard_s}
+    for item in plan.breakdown:
+        for kind, seconds in item.comm_s_by_kind.items():
+            predicted[kind] = predicted.get(kind, 0.0) + seconds
+    own = sum(v for k, v in predicted.items() if k not in ("compute", "resharding"))
+    predicted["shared latency"] = plan.cost.comm_s - plan.cost.reshard_s - own
+    compiled: dict = {"compute": report.compute_s}
+    for c in report.collectives:
+        compiled[c.kind] = compiled.get(c.kind, 0.0) + c.seconds * c.count
+    out = {k: (predicted.get(k, 0.0), compiled.get(k, 0.0))
+           for k in dict.fromkeys([*predicted, *compiled])}
+    out["communication"] = (plan.cost.comm_s, report.comm_s)
+    out["memory bytes"] = (plan.cost.memory_bytes, report.memory_bytes)
+    return out
+
+
+def furthest_term(m: Measured) -> str:
+    """Compute or communication, whichever is further off, and within communication the
+    collective kind further off (resharding and shared latency beside it)."""
+    t = m.terms
+
+    def ms(name):
+        p, c = t[name]
+        return f"{name} {p * 1e3:.4f} vs {c * 1e3:.4f} ms"
+    gap = {k: abs(t[k][0] - t[k][1]) for k in ("compute", "communication")}
+    worse = max(gap, key=gap.get)
+    kinds = [k for k in t if k not in ("compute", "communication", "memory bytes",
+                                       "resharding", "shared latency")]
+    text = ms(worse)
+    if worse == "communication" and kinds:
+        kind = max(kinds, key=lambda k: abs(t[k][0] - t[k][1]))
+        text += f" ({ms(kind)}; resharding {t['resharding'][0] * 1e3:.4f} ms predicted)"
+    memory = t["memory bytes"]
+    return text + f"; memory {memory[0] / 2**20:.0f} vs {memory[1] / 2**20:.0f} MiB"
+
+
+def measure(program: str, case, mesh_name: str, num_random: int) -> list[Measured]:
+    mesh, hw = mesh_for(mesh_name), hardware_for(mesh_name)
+    args = case.abstract_args()
+    out = []
+    for layout, pins in layouts(case, mesh, num_random).items():
+        try:
+            plan = autoshard.plan(case.train_step, *args, mesh=mesh, hardware=hw, pins=pins,
+                                  donate_argnums=case.donate_argnums, progress=False)
+            report = inspect(plan.jit().lower(*args).compile(), hw, mesh)
+        except Exception as e:   # a layout the planner or XLA refuses is reported
+            print(f"  {program} {mesh_name} {layout}: {type(e).__name__}: {e}"[:160],
+                  file=sys.stderr)
+            continue
+        m = Measured(program, mesh_name, layout, plan.cost.total_s, report.total_s,
+                     terms_of(plan, report))
+        print(f"{program:10} {mesh_name:4} {layout:16} {m.predicted_s * 1e3:9.4f} "
+              f"{m.compiled_s * 1e3:9.4f} {m.error * 100:+7.1f}%", flush=True)
+        out.append(m)
+    return out
+
+
+def summarize(rows: list[Measured], worst: int) -> None:
+    print(f"\n{'program':10} {'mesh':4} {'plans':>5} {'median':>8} {'worst':>8} {'spearman':>9}")
+    groups: dict = {}
+    for m in rows:
+        groups.setdefault((m.program, m.mesh), []).append(m)
+    for (program, mesh), group in groups.items():
+        errors = np.abs([m.error for m in group])
+        rho = stats.spearmanr([m.predicted_s for m in group],
+                              [m.compiled_s for m in group]).statistic if len(group) > 2 else 1.0
+        print(f"{program:10} {mesh:4} {len(group):5} {np.median(errors) * 100:7.1f}% "
+              f"{errors.max() * 100:7.1f}% {rho:9.3f}")
+    print("\nworst offenders: the term furthest off")
+    for (program, mesh), group in groups.items():
+        for m in sorted(group, key=lambda m: -abs(m.error))[:worst]:
+            print(f"{program:10} {mesh:4} {m.layout:16} {m.error * 100:+7.1f}%  "
+                  f"{furthest_term(m)}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--programs", default=",".join(PROGRAMS))
+    parser.add_argument("--meshes", default="8,2x4,8x2")
+    parser.add_argument("--random", type=int, default=20, help="random pinned plans")
+    parser.add_argument("--worst", type=int, default=3, help="offenders named per group")
+    args = parser.parse_args(argv)
+    print(f"{'program':10} {'mesh':4} {'layout':16} {'pred ms':>9} {'comp ms':>9} {'err':>8}")
+    rows = []
+    for program in args.programs.split(","):
+        case = PROGRAMS[program]()
+        for mesh_name in args.meshes.split(","):
+            started = time.perf_counter()
+            rows += measure(program, case, mesh_name, args.random)
+            print(f"  {program} on {mesh_name}: {time.perf_counter() - started:.1f}s",
+                  file=sys.stderr, flush=True)
+    summarize(rows, args.worst)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

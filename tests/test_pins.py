@@ -1,0 +1,69 @@
+"""Pins as a pytree, like jax.jit's in_shardings, beside the path form."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import autoshard
+from autoshard import specs
+from autoshard.errors import PinError
+
+
+def step(params, batch):
+    def loss(params):
+        h = jnp.tanh(batch["x"] @ params["w1"])
+        return jnp.mean(jnp.square(h @ params["w2"] - batch["y"]))
+    grads = jax.grad(loss)(params)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
+
+
+ARGS = ({"w1": jax.ShapeDtypeStruct((64, 256), jnp.float32),
+         "w2": jax.ShapeDtypeStruct((256, 32), jnp.float32)},
+        {"x": jax.ShapeDtypeStruct((64, 64), jnp.float32),
+         "y": jax.ShapeDtypeStruct((64, 32), jnp.float32)})
+
+
+def planned(mesh, pins):
+    return autoshard.plan(step, *ARGS, mesh=mesh, pins=pins, cache=False, progress=False)
+
+
+def spec(plan, path):
+    return specs.to_partition_spec(plan.argument(path).spec)
+
+
+def test_tuple_of_spec_trees_pins_each_leaf(mesh_2d):
+    pins = ({"w1": P(None, "model"), "w2": P("model", None)}, {"x": P("data"), "y": None})
+    plan = planned(mesh_2d, pins)
+    assert spec(plan, "params['w1']") == P(None, "model")
+    assert spec(plan, "params['w2']") == P("model")
+    assert spec(plan, "batch['x']") == P("data")
+    path_form = planned(mesh_2d, {"params['w1']": P(None, "model"),
+                                  "params['w2']": P("model", None), "batch['x']": P("data")})
+    assert plan.in_specs == path_form.in_specs
+
+
+def test_prefix_tree_and_named_shardings(mesh_2d):
+    plan = planned(mesh_2d, (NamedSharding(mesh_2d, P()), NamedSharding(mesh_2d, P("data"))))
+    for path in ("params['w1']", "params['w2']"):
+        assert spec(plan, path) == P()
+    for path in ("batch['x']", "batch['y']"):
+        assert spec(plan, path) == P("data")
+
+
+def test_one_spec_for_every_argument(mesh_1d):
+    plan = planned(mesh_1d, P())
+    assert all(not specs.spec_axes(a.spec) for a in plan.arguments)
+
+
+def test_none_leaves_an_argument_free(mesh_2d):
+    free = planned(mesh_2d, None)
+    plan = planned(mesh_2d, (None, None))
+    assert plan.in_specs == free.in_specs
+
+
+def test_tree_that_does_not_match_is_a_pin_error(mesh_2d):
+    with pytest.raises(PinError, match="do not match"):
+        planned(mesh_2d, ({"w1": P()}, None))
+    with pytest.raises(PinError, match="PartitionSpec, NamedSharding or None"):
+        planned(mesh_2d, ({"w1": "model", "w2": None}, None))
