@@ -949,9 +949,12 @@ class _Builder:
         terms: list[MemoryTerm] = []
         fixed = []
         resident = set()
+        live = graph.live_values()
         for node_id in graph.arg_nodes:
             value_id = graph.nodes[node_id].outputs[0]
             resident.add(value_id)
+            if value_id not in live:   # jax.jit drops an argument no output depends on
+                continue
             fixed.append(len(terms))
             terms.append(self.value_bytes(value_id))
         aliased = set()   # written in place into a donated argument's buffer
@@ -977,6 +980,8 @@ class _Builder:
             if value.id in not_temporary or not self.space.materialized[value.id]:
                 continue
             seam = graph.nodes[value.producer]
+            if seam.kind == "eqn" and value.id not in live:
+                continue  # dead code: jax.jit drops it
             if seam.kind == "boundary" and seam.primitive != "loop_ys":
                 continue  # a loop seam aliases the buffer it connects; a scan's stacked
                 #           ys are buffers of their own, trip count x the body's slice

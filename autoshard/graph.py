@@ -68,6 +68,20 @@ class Graph:
     out_tree: Any
     out_avals: tuple
 
+    def live_values(self) -> frozenset[int]:
+        """The values some output depends on. ``jax.jit`` drops the rest (dead equations,
+        and arguments only they read, as ``keep_unused=False`` does), so XLA neither
+        computes nor holds them."""
+        live, stack = set(), [v for v in self.outputs if v is not None]
+        while stack:
+            value_id = stack.pop()
+            if value_id in live:
+                continue
+            live.add(value_id)
+            stack.extend(v for v in self.node_of(value_id).operands
+                         if v is not None and v not in live)
+        return frozenset(live)
+
     def node_of(self, value_id: int) -> Node:
         return self.nodes[self.values[value_id].producer]
 

@@ -149,3 +149,26 @@ def test_split_scatter_add_into_zeros_plus_a_whole_value(mesh_2d):
                       jax.tree_util.tree_structure(fn(x)), decisions, mesh_2d,
                       [((), ())], [split])
     np.testing.assert_allclose(jitted(x), jax.jit(fn)(x), rtol=1e-6)
+
+
+def test_arguments_and_code_no_output_depends_on_hold_no_memory(mesh_2d):
+    """jax.jit drops an argument only dead code reads (keep_unused=False) and the dead code
+    itself, so XLA holds neither; a budget the compiled program fits must plan (a fuzzed
+    program was refused 7966 B that it compiles to 208 B in)."""
+    rng = np.random.default_rng(0)
+    unused, dead_input, used = (rng.standard_normal(s).astype(np.float32)
+                                for s in ((64, 64), (32, 64), (8, 4)))
+
+    def fn(unused_arg, dead_input, x):
+        dead = jax.nn.relu(jnp.concatenate([dead_input, dead_input], axis=0))  # noqa: F841
+        return jnp.sort(x, axis=1) * 2.0
+
+    budget = 4096.0   # the unused arguments alone are 24 KiB
+    plan = autoshard.plan(fn, unused, dead_input, used, mesh=mesh_2d, memory_budget=budget,
+                          cache=False, progress=False)
+    compiled = plan.jit().lower(unused, dead_input, used).compile()
+    m = compiled.memory_analysis()
+    xla_bytes = (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+                 - m.alias_size_in_bytes)
+    assert plan.cost.memory_bytes <= budget and xla_bytes <= budget
+    np.testing.assert_allclose(plan.jit()(unused, dead_input, used), fn(unused, dead_input, used))
