@@ -14,9 +14,10 @@ Run: python benchmarks/plan_quality.py [--cases gpt,moe,resnet,inference,gpt_bud
                                                 plain_lm,plain_moe,plain_cnn]
                                        [--meshes 8,2x4,8x2] [--json out.json]
      python benchmarks/plan_quality.py --cases mlp,vit,gpt_scan      # the rest of the zoo
-     python benchmarks/plan_quality.py --cases corpus --meshes 8,2x4 # models from the
-         libraries people use (autoshard.testing.corpus; pip install -e ".[corpus]"), or
-         a comma list of gpt2, llama, bert, equinox_lm, haiku_lm, keras_lm, linen_cnn
+     python benchmarks/plan_quality.py --cases corpus --meshes 8,2x4 [--corpus-size medium]
+         # models from the libraries people use (autoshard.testing.corpus; pip install -e
+         ".[corpus]"), or a comma list of gpt2, llama, bert, equinox_lm, haiku_lm, keras_lm,
+         linen_cnn; "medium" builds them at d_model 512, batch 64 x 128 tokens
 """
 
 import argparse
@@ -273,7 +274,12 @@ def main(argv=None) -> int:
                         help=f"comma-separated, from {', '.join(CASES)}, or corpus")
     parser.add_argument("--meshes", default=",".join(MESHES))
     parser.add_argument("--json", default=None, help="write every row to this file")
+    parser.add_argument("--corpus-size", default="tiny", choices=("tiny", "medium"),
+                        help="size of the corpus models (autoshard.testing.corpus.SIZES)")
     args = parser.parse_args(argv)
+    if args.corpus_size != "tiny":
+        from autoshard.testing import corpus
+        corpus.use_size(args.corpus_size)
     rows = []
     names = [n for group in args.cases.split(",") for n in GROUPS.get(group, (group,))]
     for case_name in names:

@@ -45,6 +45,15 @@ BATCH_SIZE = 8
 SEQ = 16
 VOCAB = 256
 D_MODEL = 64
+# (d_model, batch, seq, vocab) per size: "tiny" for the tests, where one collective's
+# latency outweighs the work it would split; "medium", where splitting pays
+SIZES = {"tiny": (64, 8, 16, 256), "medium": (512, 64, 128, 4096)}
+
+
+def use_size(size: str) -> None:
+    """Build the corpus models at ``size`` (``SIZES``) from now on."""
+    global D_MODEL, BATCH_SIZE, SEQ, VOCAB
+    D_MODEL, BATCH_SIZE, SEQ, VOCAB = SIZES[size]
 HEADS = 4
 LAYERS = 2
 DROPOUT = 0.1
