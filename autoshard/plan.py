@@ -275,18 +275,24 @@ class Plan:
         table.caption = (f"predicted per device: compute {c.compute_s * 1e3:.3f} ms, "
                          f"comm {c.comm_s * 1e3:.3f} ms, total {c.total_s * 1e3:.3f} ms, "
                          f"memory {_human_bytes(c.memory_bytes)}")
+        table.caption += "".join("\n" + line for line in self.step_lines())
+        return table
+
+    def step_lines(self) -> list[str]:
+        """How the step runs beyond the specs: pipeline, microbatches, rematerialization."""
+        lines = []
         if self.pipeline is not None:
-            table.caption += "\n" + self.pipeline.describe()
+            lines.append(self.pipeline.describe())
         elif self.microbatching is not None and self.microbatching.microbatches > 1:
             m = self.microbatching
             replicas = f"{m.replicas} replica" + "s" * (m.replicas != 1)
-            table.caption += (f"\n{m.microbatches} microbatches, each split over "
-                              f"{', '.join(m.replica_axes) or 'no axis'} ({replicas}); "
-                              "gradients reduced once per step")
+            lines.append(f"{m.microbatches} microbatches, each split over "
+                         f"{', '.join(m.replica_axes) or 'no axis'} ({replicas}); "
+                         "gradients reduced once per step")
         if self.microbatching is not None and self.microbatching.remat:
-            table.caption += (f"\nlayer stack rematerialized: jax.checkpoint(policy="
-                              f"{self.microbatching.remat})")
-        return table
+            lines.append(f"layer stack rematerialized: jax.checkpoint(policy="
+                         f"{self.microbatching.remat})")
+        return lines
 
     def summary_text(self, width: int = 150, full: bool = False) -> str:
         from autoshard import viz

@@ -232,7 +232,8 @@ class TableView(View):
         self.title = f"autoshard plan on mesh {mesh_str(plan.mesh)}"
         self.caption = (f"predicted per device: compute {format_seconds(c.compute_s)}, "
                         f"communication {format_seconds(c.comm_s)}, total "
-                        f"{format_seconds(c.total_s)}, peak memory {format_bytes(c.memory_bytes)}")
+                        f"{format_seconds(c.total_s)}, peak memory {format_bytes(c.memory_bytes)}"
+                        + "".join("\n" + line for line in plan.step_lines()))
 
     def rows(self) -> list[dict]:
         sizes = axis_sizes(self.plan.mesh)
