@@ -4,8 +4,9 @@ The read/bind/write loop of ``jax.core.eval_jaxpr``, with two additions: an oper
 plan reshards is passed through ``with_sharding_constraint`` first, and a result is
 constrained after, except where XLA's sharding propagation gives the planned spec anyway
 (:func:`propagation_gives`: an elementwise result laid out as its same-shaped operands,
-which every reader takes as it is). Fewer constraints compile faster. Scans, while loops and conds are rebuilt with
-``lax.scan`` / ``lax.while_loop`` / ``lax.switch`` around re-interpreted bodies.
+which every reader takes as it is). Fewer constraints compile faster. Scans, while loops
+and conds are rebuilt with ``lax.scan`` / ``lax.while_loop`` / ``lax.switch`` around
+re-interpreted bodies.
 """
 
 from __future__ import annotations
