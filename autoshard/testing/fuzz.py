@@ -489,10 +489,12 @@ def mesh_sizes(case: Case) -> dict[str, int]:
 
 def floor_bytes(arrays: Sequence, sizes, pins: dict) -> float:
     """Bytes per device no plan can go below: every array held, split as far as it
-    divides (or as pinned). ``arrays``: arguments then outputs; ``pins`` by argument
-    name (``a0``, ``a1``, ...)."""
+    divides (or as pinned). ``arrays``: arguments (None where jax.jit drops one) then
+    outputs; ``pins`` by argument name (``a0``, ``a1``, ...)."""
     total = 0.0
     for i, a in enumerate(arrays):
+        if a is None:   # an argument jax.jit drops
+            continue
         shape, dtype = np.shape(a), jnp.dtype(a.dtype)
         name = f"a{i}"
         if name in pins:
@@ -504,6 +506,16 @@ def floor_bytes(arrays: Sequence, sizes, pins: dict) -> float:
     return total
 
 
+def kept_arguments(fn, args) -> list:
+    """The arguments ``jax.jit(fn)`` keeps (``keep_unused=False``): those some output
+    depends on, by JAX's own dead-code elimination of the jaxpr; the others are left as
+    None, so ``floor_bytes`` still names them ``a0``, ``a1``, ... by position."""
+    from jax._src.interpreters import partial_eval as pe
+    closed = jax.make_jaxpr(fn)(*args)
+    _, used = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
+    return [a if keep else None for a, keep in zip(args, used)]
+
+
 def budget_bytes(case: Case, args, pins: dict) -> float | None:
     """``below_floor``: half of what the arguments need at their most split, so no plan
     fits. ``tight``: halfway from what arguments and outputs need at their most split to
@@ -511,11 +523,13 @@ def budget_bytes(case: Case, args, pins: dict) -> float | None:
     if case.budget is None:
         return None
     sizes = mesh_sizes(case)
+    fn = compile_source(case.source)
+    kept = kept_arguments(fn, args)
     if case.budget == "below_floor":
-        return floor_bytes(args, sizes, pins) / 2
-    outs = jax.tree.leaves(jax.eval_shape(compile_source(case.source), *args))
-    floor = floor_bytes(list(args) + outs, sizes, pins)
-    whole = sum(specs.nbytes(np.shape(a), a.dtype) for a in list(args) + outs)
+        return floor_bytes(kept, sizes, pins) / 2
+    outs = jax.tree.leaves(jax.eval_shape(fn, *args))
+    floor = floor_bytes(kept + outs, sizes, pins)
+    whole = sum(specs.nbytes(np.shape(a), a.dtype) for a in kept + outs)
     return floor + (whole - floor) / 2 + 4096
 
 
