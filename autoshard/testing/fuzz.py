@@ -529,7 +529,7 @@ def budget_bytes(case: Case, args, pins: dict) -> float | None:
         return floor_bytes(kept, sizes, pins) / 2
     outs = jax.tree.leaves(jax.eval_shape(fn, *args))
     floor = floor_bytes(kept + outs, sizes, pins)
-    whole = sum(specs.nbytes(np.shape(a), a.dtype) for a in kept + outs)
+    whole = sum(specs.nbytes(np.shape(a), a.dtype) for a in kept + outs if a is not None)
     return floor + (whole - floor) / 2 + 4096
 
 
