@@ -233,23 +233,16 @@ def plan_with_microbatches(plan_fn: Callable, fn: Callable, args, mesh, microbat
     options). The replica axes are those the plan without microbatches splits the batch
     over; when that plan does not fit, each choice of axes is tried.
     """
-    from autoshard.errors import MemoryBudgetError
+    check_microbatches(microbatches)
     microbatches = 1 if microbatches is None else microbatches
-    if microbatches != "auto" and (not isinstance(microbatches, (int, np.integer))
-                                   or isinstance(microbatches, bool) or microbatches < 1):
-        raise InputError(f"microbatches must be None, a positive int or 'auto', "
-                         f"not {microbatches!r}")
     remats = remat_choices(remat)
     record = TraceRecord()
     base, failure, best = None, None, None
     for policy in remats:   # K = 1
         setting = None if policy is None else Microbatching(1, remat=policy)
-        with microbatching(setting, record):
-            try:
-                candidate = plan_fn(fn, *args)
-            except MemoryBudgetError as e:
-                failure = e
-                continue
+        candidate, failure = plan_within_budget(plan_fn, fn, args, setting, failure, record)
+        if candidate is None:
+            continue
         candidate.microbatching = setting
         base = base if policy is not None and base is not None else candidate
         if best is None or candidate.cost.total_s < best.cost.total_s:
@@ -275,12 +268,9 @@ def plan_with_microbatches(plan_fn: Callable, fn: Callable, args, mesh, microbat
                 continue
             for policy in remats:
                 setting = Microbatching(k, axes, replicas, remat=policy)
-                with microbatching(setting):
-                    try:
-                        candidate = plan_fn(fn, *args)
-                    except MemoryBudgetError as e:
-                        failure = e
-                        continue
+                candidate, failure = plan_within_budget(plan_fn, fn, args, setting, failure)
+                if candidate is None:
+                    continue
                 candidate.microbatching = setting
                 if found is None or candidate.cost.total_s < found.cost.total_s:
                     found = candidate
@@ -294,6 +284,27 @@ def plan_with_microbatches(plan_fn: Callable, fn: Callable, args, mesh, microbat
         raise InputError(f"batch of {size} rows does not split into {microbatches} "
                          f"microbatches on mesh {sizes}")
     return best
+
+
+def check_microbatches(microbatches) -> None:
+    """``microbatches`` is None, ``"auto"`` or a positive int, or ``InputError``."""
+    if microbatches in (None, "auto"):
+        return
+    if (not isinstance(microbatches, (int, np.integer)) or isinstance(microbatches, bool)
+            or microbatches < 1):
+        raise InputError(f"microbatches must be None, a positive int or 'auto', "
+                         f"not {microbatches!r}")
+
+
+def plan_within_budget(plan_fn, fn, args, setting, failure, record=None):
+    """``plan_fn(fn, *args)`` traced under ``setting``, and the last budget failure: (the
+    plan, ``failure``), or (None, the ``MemoryBudgetError``) where no plan fits."""
+    from autoshard.errors import MemoryBudgetError
+    with microbatching(setting, record):
+        try:
+            return plan_fn(fn, *args), failure
+        except MemoryBudgetError as e:
+            return None, e
 
 
 def replica_candidates(base, size: int, sizes: dict) -> list[tuple[str, ...]]:
@@ -319,11 +330,7 @@ def plan_with_pipeline(plan_fn: Callable, fn: Callable, args, mesh, pipeline: st
     if pipeline != "auto" and pipeline not in sizes:
         raise InputError(f"pipeline names mesh axis {pipeline!r}; the mesh has "
                          f"{list(sizes)} (or pass 'auto')")
-    if microbatches not in (None, "auto") and (
-            not isinstance(microbatches, (int, np.integer)) or isinstance(microbatches, bool)
-            or microbatches < 1):
-        raise InputError(f"microbatches must be None, a positive int or 'auto', "
-                         f"not {microbatches!r}")
+    check_microbatches(microbatches)
     axes = [pipeline] if pipeline != "auto" else [a for a in sizes if sizes[a] > 1]
     best, failure = None, None
     if pipeline == "auto":
