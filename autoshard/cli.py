@@ -304,7 +304,7 @@ def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | N
     entry = models.get(model)            # unknown names fail before any work
     if size not in entry.sizes:
         raise CliError(f"model {model!r} has no size {size!r}; sizes: {', '.join(entry.sizes)}")
-    hw = load_hardware(hardware)
+    hw = load_hardware(hardware)         # read (and checked) before the backend starts
     info = start_backend(count)
     import jax
     import autoshard
@@ -318,7 +318,8 @@ def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | N
                        f"has {len(jax.devices())}"
                        + (f" over {jax.process_count()} processes" if multi else ""))
     mesh = autoshard.make_mesh(shape, names)
-    hw = load_hardware(hardware, mesh)
+    if hardware is None:   # the default depends on the mesh's devices
+        hw = load_hardware(None, mesh)
     latest = checkpoint_start(checkpoint_dir, resume)
     if multi:
         typer.echo(f"process {info.process_id}/{info.num_processes}: "
