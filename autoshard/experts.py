@@ -27,18 +27,22 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
 import math
 import re
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 __all__ = [
-    "BATCH", "DATA", "MODEL", "Rule", "compile_expert", "data_parallel", "expert_parallel",
-    "fit_spec", "fsdp", "fsdp_tp", "inspect_expert", "jit_expert", "largest_dim_spec",
-    "jit_gpipe", "leaf_paths", "megatron", "resolve_spec", "role_axes", "shardings_from_rules",
-    "standard_experts", "zero1",
+    "BATCH", "DATA", "MODEL", "Expert", "Rule", "compile_expert", "constrain",
+    "constrain_gradients", "constraints", "data_parallel", "expert_parallel", "fit_spec",
+    "fsdp", "fsdp_tp", "inspect_expert", "jit_expert", "largest_dim_spec", "jit_gpipe",
+    "leaf_paths", "megatron", "resolve_spec", "role_axes", "shardings_from_rules",
+    "standard_experts", "zero1", "zero2",
 ]
 
 BATCH = "<batch>"
@@ -181,47 +185,185 @@ def batch_shardings(batch: Any, mesh: Mesh, role: str = BATCH) -> Any:
     return shardings_from_rules(batch, mesh, [], prefix="batch", default=P(role))
 
 
+# --------------------------------------------------------------------------- constraints
+#
+# Practitioners do not stop at input shardings: MaxText-style code names the logical axes
+# of its activations (``constrain(x, ("activation_batch", "activation_length",
+# "activation_mlp"))``) and a layout maps those names to mesh axes, so XLA's propagation
+# cannot drift to another layout inside the step. Models call ``constrain`` and
+# ``constrain_gradients``; outside ``constraints(...)`` both return their input untouched
+# (no equation is traced), so the programs autoshard plans are the same with or without.
+
+ACTIVATION_BATCH = "activation_batch"
+ACTIVATION_LENGTH = "activation_length"
+ACTIVATION_EMBED = "activation_embed"
+ACTIVATION_HEADS = "activation_heads"
+ACTIVATION_KV = "activation_kv"
+ACTIVATION_MLP = "activation_mlp"
+ACTIVATION_VOCAB = "activation_vocab"
+ACTIVATION_EXPERT = "activation_exp"
+
+LogicalRules = dict[str, "str | tuple[str, ...] | None"]
+"""Logical activation axis name -> mesh axis, role, tuple of them, or None (whole)."""
+
+GradientLayout = Callable[[tuple[int, ...], Mesh], P]
+"""A gradient leaf's shape and the mesh -> its spec."""
+
+TENSOR_PARALLEL_ACTIVATIONS: LogicalRules = {
+    ACTIVATION_BATCH: DATA, ACTIVATION_HEADS: MODEL, ACTIVATION_MLP: MODEL,
+    ACTIVATION_VOCAB: MODEL}
+"""Megatron: the batch over the data axes, heads, MLP width and vocabulary over the model
+axis, the residual stream whole on each model shard (MaxText's default logical rules)."""
+
+DATA_PARALLEL_ACTIVATIONS: LogicalRules = {ACTIVATION_BATCH: BATCH}
+"""Data parallel and FSDP: every activation split on its batch dim over every axis."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Constraints:
+    mesh: Mesh
+    activations: LogicalRules
+    gradients: GradientLayout | None
+
+
+_active: contextvars.ContextVar[_Constraints | None] = contextvars.ContextVar(
+    "autoshard_expert_constraints", default=None)
+
+
+@contextlib.contextmanager
+def constraints(mesh: Mesh, activations: LogicalRules | None = None,
+                gradients: GradientLayout | None = None) -> Iterator[None]:
+    """Within the block, ``constrain`` and ``constrain_gradients`` emit
+    ``with_sharding_constraint`` by these rules (while tracing a step for ``mesh``).
+
+    Example::
+
+        with experts.constraints(mesh, experts.TENSOR_PARALLEL_ACTIVATIONS):
+            compiled = jax.jit(step, in_shardings=...).lower(*args).compile()
+    """
+    token = _active.set(_Constraints(mesh, dict(activations or {}), gradients))
+    try:
+        yield
+    finally:
+        _active.reset(token)
+
+
+def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
+    """``x`` constrained to the active rules' layout of its logical axes (one name per
+    dim); ``x`` itself outside ``constraints``, or when the rules split nothing of it."""
+    active = _active.get()
+    if active is None:
+        return x
+    entries = [active.activations.get(name) if name else None for name in logical_axes]
+    spec = fit_spec(P(*entries), x.shape, active.mesh)
+    return jax.lax.with_sharding_constraint(x, NamedSharding(active.mesh, spec))
+
+
+def constrain_gradients(grads: Any) -> Any:
+    """Every gradient leaf constrained to the active gradient layout (ZeRO-2: split as the
+    optimizer state is); ``grads`` itself outside ``constraints`` or without one."""
+    active = _active.get()
+    if active is None or active.gradients is None:
+        return grads
+    return jax.tree.map(lambda g: jax.lax.with_sharding_constraint(
+        g, NamedSharding(active.mesh, active.gradients(tuple(g.shape), active.mesh))), grads)
+
+
 # --------------------------------------------------------------------------- plans
 
 ExpertFn = Callable[[Mesh], Any]
 
 
-def data_parallel(state: Any, batch: Any) -> ExpertFn:
+@dataclasses.dataclass(frozen=True)
+class Expert:
+    """An expert layout: ``in_shardings(mesh)`` plus the constraints it puts inside the
+    step (activation rules, a gradient layout). Calling it gives the in_shardings, so an
+    ``Expert`` serves wherever an ``ExpertFn`` does (``pins=``, ``jax.device_put``).
+
+    Example::
+
+        expert = experts.megatron(state, batch, tp_rules)
+        step = expert.jit(train_step, mesh, donate_argnums=(0,))
+    """
+
+    in_shardings: ExpertFn
+    activations: LogicalRules | None = None
+    gradients: GradientLayout | None = None
+
+    def __call__(self, mesh: Mesh) -> Any:
+        return self.in_shardings(mesh)
+
+    def tracing(self, mesh: Mesh):
+        """The context to trace the step in: this expert's constraints for ``mesh``."""
+        return constraints(mesh, self.activations, self.gradients)
+
+    def wrap(self, fn: Callable, mesh: Mesh) -> Callable:
+        """``fn`` traced under this expert's constraints."""
+        if self.activations is None and self.gradients is None:
+            return fn
+
+        def constrained(*args, **kwargs):
+            with self.tracing(mesh):
+                return fn(*args, **kwargs)
+
+        return constrained
+
+
+def as_expert(plan: Expert | ExpertFn) -> Expert:
+    """An ``Expert`` from an expert or a bare ``mesh -> in_shardings`` function."""
+    return plan if isinstance(plan, Expert) else Expert(plan)
+
+
+def data_parallel(state: Any, batch: Any) -> Expert:
     """Parameters and optimizer state replicated; the batch split over every axis."""
-    return lambda mesh: (shardings_from_rules(state, mesh, [], prefix="state"),
-                         batch_shardings(batch, mesh, BATCH))
+    return Expert(lambda mesh: (shardings_from_rules(state, mesh, [], prefix="state"),
+                                batch_shardings(batch, mesh, BATCH)))
 
 
-def fsdp(state: Any, batch: Any) -> ExpertFn:
-    """ZeRO-3: every state leaf split on its largest divisible dim over every axis."""
-    return lambda mesh: (
+def fsdp(state: Any, batch: Any) -> Expert:
+    """ZeRO-3: every state leaf split on its largest divisible dim over every axis;
+    activations split on their batch dim over every axis."""
+    return Expert(lambda mesh: (
         shardings_from_rules(state, mesh, [], prefix="state",
                              default=lambda shape: largest_dim_spec(shape, mesh, BATCH)),
-        batch_shardings(batch, mesh, BATCH))
+        batch_shardings(batch, mesh, BATCH)), DATA_PARALLEL_ACTIVATIONS)
 
 
-def zero1(state: Any, batch: Any) -> ExpertFn:
+def zero1(state: Any, batch: Any) -> Expert:
     """ZeRO-1: parameters replicated, the optimizer state (every leaf under
     ``['opt_state']``) split on its largest divisible dim over every axis; batch split
     over every axis. XLA all-reduces the gradients and updates each shard of the
     moments; the new parameters are gathered whole."""
-    return lambda mesh: (
+    return Expert(lambda mesh: (
         shardings_from_rules(state, mesh, [
             (r"\['opt_state'\]", lambda shape: largest_dim_spec(shape, mesh, BATCH))],
             prefix="state"),
-        batch_shardings(batch, mesh, BATCH))
+        batch_shardings(batch, mesh, BATCH)))
 
 
-def megatron(state: Any, batch: Any, tp_rules: Sequence[Rule]) -> ExpertFn:
+def zero2(state: Any, batch: Any) -> Expert:
+    """ZeRO-2: ZeRO-1 with the gradients constrained to the optimizer state's layout
+    (the step calls ``constrain_gradients``): XLA reduce-scatters them instead of
+    all-reducing, and holds them as shards until the update. The activations stay split
+    on their batch dim: without that constraint XLA's propagation carries the gradients'
+    split back into the backward pass and gathers activation gradients instead."""
+    return dataclasses.replace(zero1(state, batch), activations=DATA_PARALLEL_ACTIVATIONS,
+                               gradients=lambda shape, mesh: largest_dim_spec(shape, mesh))
+
+
+def megatron(state: Any, batch: Any, tp_rules: Sequence[Rule]) -> Expert:
     """Tensor parallel by ``tp_rules`` (specs naming ``MODEL``); other leaves replicated;
-    the batch split over the remaining (``DATA``) axes."""
-    return lambda mesh: (shardings_from_rules(state, mesh, tp_rules, prefix="state"),
-                         batch_shardings(batch, mesh, DATA))
+    the batch split over the remaining (``DATA``) axes; activations constrained by
+    :data:`TENSOR_PARALLEL_ACTIVATIONS`."""
+    return Expert(lambda mesh: (shardings_from_rules(state, mesh, tp_rules, prefix="state"),
+                                batch_shardings(batch, mesh, DATA)),
+                  TENSOR_PARALLEL_ACTIVATIONS)
 
 
-def fsdp_tp(state: Any, batch: Any, tp_rules: Sequence[Rule]) -> ExpertFn:
+def fsdp_tp(state: Any, batch: Any, tp_rules: Sequence[Rule]) -> Expert:
     """``tp_rules`` on the model axis, then each leaf's largest dim still free split over
-    the ``DATA`` axes (ZeRO-3 across data-parallel replicas); batch split on ``DATA``."""
+    the ``DATA`` axes (ZeRO-3 across data-parallel replicas); batch split on ``DATA``;
+    activations constrained by :data:`TENSOR_PARALLEL_ACTIVATIONS`."""
 
     def spec_for(mesh, path, shape):
         tp = next((s for pattern, s in tp_rules if re.search(pattern, path)), P())
@@ -243,19 +385,20 @@ def fsdp_tp(state: Any, batch: Any, tp_rules: Sequence[Rule]) -> ExpertFn:
             state, "state")
         return state_sh, batch_shardings(batch, mesh, DATA)
 
-    return build
+    return Expert(build, TENSOR_PARALLEL_ACTIVATIONS)
 
 
-def expert_parallel(state: Any, batch: Any, expert_rules: Sequence[Rule]) -> ExpertFn:
+def expert_parallel(state: Any, batch: Any, expert_rules: Sequence[Rule]) -> Expert:
     """Expert-stacked weights split on their expert dim over ``MODEL`` (``expert_rules``),
     everything else replicated, the batch split over every axis: XLA moves tokens to
     their experts' devices with all-to-all."""
-    return lambda mesh: (shardings_from_rules(state, mesh, expert_rules, prefix="state"),
-                         batch_shardings(batch, mesh, BATCH))
+    return Expert(lambda mesh: (shardings_from_rules(state, mesh, expert_rules,
+                                                     prefix="state"),
+                                batch_shardings(batch, mesh, BATCH)))
 
 
 def standard_experts(state: Any, batch: Any, tp_rules: Sequence[Rule] | None = None,
-                     expert_rules: Sequence[Rule] | None = None) -> dict[str, ExpertFn]:
+                     expert_rules: Sequence[Rule] | None = None) -> dict[str, Expert]:
     """``data_parallel`` and ``fsdp``, plus ``megatron`` and ``fsdp_tp`` given tensor-parallel
     rules, plus ``expert_parallel`` given expert rules."""
     plans = {"data_parallel": data_parallel(state, batch), "fsdp": fsdp(state, batch)}
@@ -276,7 +419,7 @@ def _abstract(tree: Any) -> Any:
 
 def jit_expert(case, mesh: Mesh, name: str, donate: bool = True):
     """``jax.jit(case.train_step)`` with the expert's in_shardings and out_shardings
-    ``(state shardings, replicated loss)``.
+    ``(state shardings, replicated loss)``, traced under the expert's constraints.
 
     Example::
 
@@ -287,9 +430,11 @@ def jit_expert(case, mesh: Mesh, name: str, donate: bool = True):
         from autoshard.errors import InputError
         raise InputError(f"{case.name} has no expert plan {name!r}; it has "
                          f"{', '.join(case.experts)}")
-    in_shardings = case.experts[name](mesh)
+    expert = as_expert(case.experts[name])
+    in_shardings = expert(mesh)
     out_shardings = (in_shardings[0], NamedSharding(mesh, P()))
-    return jax.jit(case.train_step, in_shardings=in_shardings, out_shardings=out_shardings,
+    return jax.jit(expert.wrap(case.train_step, mesh), in_shardings=in_shardings,
+                   out_shardings=out_shardings,
                    donate_argnums=tuple(case.donate_argnums) if donate else ())
 
 

@@ -7,7 +7,10 @@ one table: step time, compute, communication, memory per device, feasible under 
 budget, and auto / best feasible expert (INFEASIBLE when auto's compiled memory breaks the
 budget; an expert XLA fails to compile is a FAILED row), then their geometric mean. A
 second table puts the planner's prediction beside the compiled figures of the auto plan.
-The train steps carry ZeRO-1 beside their experts; plain_lm, plain_moe and plain_cnn are
+Experts are written as practitioners write them: Megatron, FSDP and FSDP x TP also
+constrain the activations the models name (MaxText-style logical rules, see
+``experts.constrain``), and the train steps carry ZeRO-1 and ZeRO-2 (gradients constrained
+to the optimizer state's layout) beside their experts; plain_lm, plain_moe and plain_cnn are
 train steps written in plain JAX (autoshard.testing.plain).
 
 Run: python benchmarks/plan_quality.py [--cases gpt,moe,resnet,inference,gpt_budget,
@@ -87,10 +90,10 @@ def zoo_case(model: str, size: str = "small", **kw) -> Case:
 
 
 def train_case_entry(case, name: str | None = None, **kw) -> Case:
-    """A ``TrainCase`` with its experts and ZeRO-1 (state out as it came in)."""
+    """A ``TrainCase`` with its experts, ZeRO-1 and ZeRO-2 (state out as it came in)."""
     args = _abstract(case.args)
     return Case(name or case.name, case.train_step, args,
-                {**case.experts, "zero1": experts.zero1(*args)},
+                {**case.experts, "zero1": experts.zero1(*args), "zero2": experts.zero2(*args)},
                 lambda mesh, ins: (ins[0], NamedSharding(mesh, P())),
                 tuple(case.donate_argnums), **kw)
 
@@ -178,9 +181,12 @@ class Row:
 
 
 def compile_expert(case: Case, mesh, name: str):
-    ins = case.experts[name](mesh)
+    """The expert's step compiled: its in/out shardings, traced under its activation and
+    gradient constraints."""
+    expert = experts.as_expert(case.experts[name])
+    ins = expert(mesh)
     outs = case.out_shardings(mesh, ins) if case.out_shardings else None
-    jitted = jax.jit(case.fn, in_shardings=ins, out_shardings=outs,
+    jitted = jax.jit(expert.wrap(case.fn, mesh), in_shardings=ins, out_shardings=outs,
                      donate_argnums=case.donate_argnums)
     return jitted.lower(*case.args).compile()
 

@@ -18,6 +18,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from autoshard import experts as ex
 from autoshard.accumulate import value_and_grad
 from autoshard.models.case import TrainCase
 
@@ -100,6 +101,7 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, lo
     def train_step(state, batch):
         (loss, stats), grads = value_and_grad(loss_and_stats, has_aux=True)(
             state["params"], state.get("batch_stats"), batch)
+        grads = ex.constrain_gradients(grads)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         new_state = {"params": optax.apply_updates(state["params"], updates),
                      "opt_state": opt_state, "step": state["step"] + 1}

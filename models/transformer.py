@@ -15,11 +15,15 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from autoshard import experts as ex
 from autoshard.experts import MODEL
 
 LOGICAL_RULES = (("vocab", MODEL), ("heads", MODEL), ("mlp", MODEL), ("expert", MODEL),
                  ("embed", None), ("kv", None), ("layers", None))
 """Megatron's layout, by logical name: heads, MLP width and vocabulary on the model axis."""
+
+RESIDUAL = (ex.ACTIVATION_BATCH, ex.ACTIVATION_LENGTH, ex.ACTIVATION_EMBED)
+"""Logical axes of the residual stream ``[batch, seq, d_model]`` (see ``experts.constrain``)."""
 
 
 def normal_init(names: tuple | None, std: float | None = None) -> Callable:
@@ -68,7 +72,8 @@ class MLP(nnx.Module):
                               bias_init=zeros_init(_names(annotate, "embed")))
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.fc2(jax.nn.gelu(self.fc1(x)))
+        hidden = ex.constrain(self.fc1(x), RESIDUAL[:-1] + (ex.ACTIVATION_MLP,))
+        return self.fc2(jax.nn.gelu(hidden))
 
 
 class Block(nnx.Module):
@@ -95,10 +100,10 @@ class Block(nnx.Module):
     def __call__(self, x: jax.Array, mask: jax.Array | None = None):
         """Returns ``(x, aux_loss)``: the MLP's auxiliary loss, 0 for a dense MLP."""
         h = self.ln1(x).astype(x.dtype)
-        x = x + self.attn(h, mask=mask).astype(x.dtype)
+        x = ex.constrain(x + self.attn(h, mask=mask).astype(x.dtype), RESIDUAL)
         out = self.mlp(self.ln2(x).astype(x.dtype))
         out, aux = out if isinstance(out, tuple) else (out, jnp.zeros((), jnp.float32))
-        return x + out.astype(x.dtype), aux
+        return ex.constrain(x + out.astype(x.dtype), RESIDUAL), aux
 
 
 def transformer_fan_in(path: str, shape: tuple) -> int:

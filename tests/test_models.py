@@ -158,6 +158,42 @@ def test_expert_step_matches_one_device(plan_name, mesh_2d):
     assert report.memory_bytes > 0
 
 
+def sharding_constraints(fn, *args) -> int:
+    jaxpr = jax.make_jaxpr(fn)(*args)
+    return str(jaxpr).count("sharding_constraint")
+
+
+@pytest.mark.parametrize("plan_name", ["fsdp", "megatron", "fsdp_tp", "zero2"])
+def test_expert_constraints_keep_numerics(plan_name, mesh_2d):
+    """Experts that constrain activations (MaxText-style logical rules) or gradients
+    (ZeRO-2) trace those constraints only inside their own context, and the constrained
+    step still computes the single-device step."""
+    case = case_of("gpt", "tiny")
+    expert = experts.as_expert(
+        experts.zero2(*case.args) if plan_name == "zero2" else case.experts[plan_name])
+    assert sharding_constraints(case.train_step, *case.args) == 0
+    assert sharding_constraints(expert.wrap(case.train_step, mesh_2d), *case.args) > 0
+    ins = expert(mesh_2d)
+    step = jax.jit(expert.wrap(case.train_step, mesh_2d), in_shardings=ins,
+                   out_shardings=(ins[0], NamedSharding(mesh_2d, P())))
+    assert_matches(case, step(*case.args), reference("gpt", "tiny"))
+
+
+def test_zero2_constrains_every_gradient_as_the_optimizer_state(mesh_2d):
+    from autoshard.testing import plain
+    case = plain.lm("tiny")
+    expert = experts.zero2(*case.args)
+    constrained = expert.wrap(case.train_step, mesh_2d)
+    jaxpr = jax.make_jaxpr(constrained)(*case.args)
+    specs = {e.params["sharding"].spec for e in jaxpr.jaxpr.eqns
+             if e.primitive.name == "sharding_constraint"}
+    state_in, batch_in = expert(mesh_2d)
+    assert {s.spec for s in jax.tree.leaves(state_in["opt_state"]["mu"])} <= specs
+    step = jax.jit(constrained, in_shardings=(state_in, batch_in),
+                   out_shardings=(state_in, NamedSharding(mesh_2d, P())))
+    assert_matches(case, step(*case.args), jax.device_get(jax.jit(case.train_step)(*case.args)))
+
+
 def test_annotation_pins(mesh_2d, mesh_1d):
     case = case_of("gpt", "tiny")
     pins = case.annotation_pins(mesh_2d)

@@ -57,7 +57,8 @@ def layer_norm(p, x, eps=1e-5):
 
 def attention(p, x, heads):
     b, s, d = x.shape
-    q, k, v = (jnp.reshape(x @ p[n], (b, s, heads, d // heads)) for n in ("wq", "wk", "wv"))
+    q, k, v = (ex.constrain(jnp.reshape(x @ p[n], (b, s, heads, d // heads)), HEADS)
+               for n in ("wq", "wk", "wv"))
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d // heads)
     mask = jnp.tril(jnp.ones((s, s), bool))
     weights = jax.nn.softmax(jnp.where(mask, scores, -1e9), axis=-1)
@@ -65,9 +66,16 @@ def attention(p, x, heads):
     return out @ p["wo"]
 
 
+RESIDUAL = (ex.ACTIVATION_BATCH, ex.ACTIVATION_LENGTH, ex.ACTIVATION_EMBED)
+HEADS = (ex.ACTIVATION_BATCH, ex.ACTIVATION_LENGTH, ex.ACTIVATION_HEADS, ex.ACTIVATION_KV)
+"""Logical axes of activations, as MaxText-style code names them (``experts.constrain``;
+no-ops unless an expert layout is active)."""
+
+
 def make_train_step(loss_fn: Callable) -> Callable:
     def train_step(state, batch):
         loss, grads = jax.value_and_grad(loss_fn)(state["params"], batch)
+        grads = ex.constrain_gradients(grads)
         params, opt_state = adam(state["params"], grads, state["opt_state"], state["step"])
         return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, loss
     return train_step
@@ -185,18 +193,20 @@ def moe_mlp(p, x, cfg: LMConfig):
 def lm_loss(cfg: LMConfig):
     def loss_fn(params, batch):
         tokens = batch["tokens"]
-        x = params["embed"][tokens] + params["pos"][None]
+        x = ex.constrain(params["embed"][tokens] + params["pos"][None], RESIDUAL)
         aux = 0.0
         for p in params["blocks"]:
-            x = x + attention(p, layer_norm(p["ln1"], x), cfg.heads)
+            x = ex.constrain(x + attention(p, layer_norm(p["ln1"], x), cfg.heads), RESIDUAL)
             h = layer_norm(p["ln2"], x)
             if cfg.experts:
                 y, balance = moe_mlp(p, h, cfg)
                 aux = aux + balance
             else:
-                y = jax.nn.gelu(h @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
-            x = x + y
-        logits = layer_norm(params["ln_f"], x) @ params["head"]
+                hidden = ex.constrain(h @ p["w1"] + p["b1"], RESIDUAL[:-1] + (ex.ACTIVATION_MLP,))
+                y = jax.nn.gelu(hidden) @ p["w2"] + p["b2"]
+            x = ex.constrain(x + y, RESIDUAL)
+        logits = ex.constrain(layer_norm(params["ln_f"], x) @ params["head"],
+                              RESIDUAL[:-1] + (ex.ACTIVATION_VOCAB,))
         return cross_entropy(logits, batch["labels"]) + 0.01 * aux
     return loss_fn
 
