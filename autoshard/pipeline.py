@@ -27,13 +27,47 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.extend.core import Literal
+from jax.extend.core import Literal, Primitive
+from jax.interpreters import ad, batching, mlir
 from jax.sharding import NamedSharding, PartitionSpec
 
 from autoshard.errors import InputError
 from autoshard.trace import INLINED, split_closed
 
 REMAT = ("checkpoint", "remat2", "remat")
+
+# -- the stage shift -----------------------------------------------------------------------
+#
+# ``jnp.roll`` traces to two slices and a concatenate, whose rules keep the rolled dim
+# whole: the planner would gather the stage buffer to roll it. As one primitive the shift
+# keeps its operand's spec, and its rule prices the collective-permute XLA emits for a
+# roll of a dim split over the stage axis (its lowering is the same roll).
+
+stage_shift_p = Primitive("stage_shift")
+
+
+def stage_shift(x, shift: int = 1, dimension: int = 0):
+    """``jnp.roll(x, shift, dimension)``: entry i moves to i + shift along ``dimension``."""
+    return stage_shift_p.bind(x, shift=int(shift), dimension=int(dimension))
+
+
+def _roll(x, *, shift, dimension):
+    return jnp.roll(x, shift, axis=dimension)
+
+
+stage_shift_p.def_impl(_roll)
+stage_shift_p.def_abstract_eval(lambda x, **_: x)
+mlir.register_lowering(stage_shift_p, mlir.lower_fun(_roll, multiple_results=False))
+ad.deflinear2(stage_shift_p, lambda ct, x, *, shift, dimension:
+              [stage_shift(ad.instantiate_zeros(ct), -shift, dimension)])
+
+
+def _shift_batched(args, dims, *, shift, dimension):
+    (x,), (d,) = args, dims
+    return stage_shift(x, shift, dimension + (d is not None and d <= dimension)), d
+
+
+batching.primitive_batchers[stage_shift_p] = _shift_batched
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,6 +251,14 @@ class Interpreter:
         spec = PartitionSpec(self.setting.axis, *[PartitionSpec.UNCONSTRAINED] * (x.ndim - 1))
         return lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
 
+    def stage_local(self, xs) -> list:
+        """Inside the stage step (``vmap``-ed with ``spmd_axis_name``, which puts the stage
+        dim on the stage axis): ``xs`` constrained to keep that dim there, others free."""
+        free = PartitionSpec.UNCONSTRAINED
+        return [lax.with_sharding_constraint(
+            x, NamedSharding(self.mesh, PartitionSpec(*[free] * jnp.ndim(x))))
+            for x in xs]
+
     def pipeline(self, eqn, ins) -> list:
         p = eqn.params
         body, body_consts = split_closed(self.micro_target.params["jaxpr"])
@@ -247,8 +289,10 @@ class Interpreter:
             def layer(c, x):
                 return jax.core.eval_jaxpr(body, body_consts, *all_consts, *c, *x)
             layer = remat_layer(layer, self.remat)
-            final, _ = lax.scan(lambda c, x: (layer(c, x), None), list(carry),
-                                list(stage_layers))
+
+            def one_layer(c, x):   # the stage's activations and weights stay on its devices
+                return self.stage_local(layer(self.stage_local(c), self.stage_local(x))), None
+            final, _ = lax.scan(one_layer, list(carry), list(stage_layers))
             return list(final) + list(ride)
 
         buffer = [self.constrain_stages(jnp.zeros((s,) + t.shape[1:], t.dtype))
@@ -263,13 +307,13 @@ class Interpreter:
             buffer = [jnp.where(first_stage(stage_ids, b.ndim), e[None], b)
                       for b, e in zip(buffer, entering)]
             buffer = [self.constrain_stages(b) for b in buffer]
-            done = jax.vmap(stage_step)(buffer, stage_xs)
+            done = jax.vmap(stage_step, spmd_axis_name=self.setting.axis)(buffer, stage_xs)
             done = [self.constrain_stages(d) for d in done]
             out_index = t - (s - 1)
             outputs = [jnp.where(out_index >= 0, lax.dynamic_update_index_in_dim(
                 o, d[s - 1], jnp.maximum(out_index, 0), 0), o)
                 for o, d in zip(outputs, done[:ncarry])]
-            shifted = [self.constrain_stages(jnp.roll(d, 1, axis=0)) for d in done]
+            shifted = [self.constrain_stages(stage_shift(d)) for d in done]
             return (shifted, outputs), None
 
         (_, outputs), _ = lax.scan(step, (buffer, outputs), jnp.arange(m + s - 1))
@@ -293,14 +337,16 @@ def to_microbatches(x, m: int):
 
 def constraint_pins(graph, axis: str) -> dict:
     """Pins for the planner: each ``with_sharding_constraint`` the pipeline wrote (a stage
-    dim on ``axis``, other dims free) keeps its stage dim there."""
+    dim on ``axis``, wherever ``vmap`` put it; other dims free) keeps its stage dim
+    there."""
     pins = {}
     for node in graph.nodes:
         sharding = node.params.get("sharding") if node.primitive == "sharding_constraint" \
             else None
-        pspec = getattr(sharding, "spec", None)
-        if pspec is None or not len(pspec) or pspec[0] != axis:
+        pspec = tuple(getattr(sharding, "spec", None) or ())
+        if axis not in pspec:
             continue
         rank = len(graph.values[node.outputs[0]].shape)
-        pins[node.id] = ((axis,),) + (None,) * (rank - 1)
+        pins[node.id] = tuple((axis,) if d == pspec.index(axis) else None
+                              for d in range(rank))
     return pins
