@@ -295,28 +295,35 @@ class Interpreter:
             final, _ = lax.scan(one_layer, list(carry), list(stage_layers))
             return list(final) + list(ride)
 
+        # every stage holds the microbatch queue and its own output slots, so that inside
+        # the loop nothing but the buffer's shift crosses the stage axis: stage 0 takes
+        # microbatch t from its copy of the queue, each stage writes what it finished into
+        # its slots, and only the last stage's slots are read after the loop
+        queue = [self.constrain_stages(jnp.broadcast_to(x, (s,) + x.shape)) for x in travel]
         buffer = [self.constrain_stages(jnp.zeros((s,) + t.shape[1:], t.dtype))
                   for t in travel]
-        outputs = [jnp.zeros_like(c) for c in carried]
+        slots = [self.constrain_stages(jnp.zeros((s,) + c.shape, c.dtype)) for c in carried]
         stage_ids = jnp.arange(s)
 
         def step(loop, t):
-            buffer, outputs = loop
-            entering = [lax.dynamic_index_in_dim(x, jnp.minimum(t, m - 1), 0, keepdims=False)
-                        for x in travel]
-            buffer = [jnp.where(first_stage(stage_ids, b.ndim), e[None], b)
+            buffer, slots = loop
+            entering = [lax.dynamic_index_in_dim(q, jnp.minimum(t, m - 1), 1, keepdims=False)
+                        for q in queue]
+            buffer = [self.constrain_stages(jnp.where(first_stage(stage_ids, b.ndim), e, b))
                       for b, e in zip(buffer, entering)]
-            buffer = [self.constrain_stages(b) for b in buffer]
             done = jax.vmap(stage_step, spmd_axis_name=self.setting.axis)(buffer, stage_xs)
             done = [self.constrain_stages(d) for d in done]
-            out_index = t - (s - 1)
-            outputs = [jnp.where(out_index >= 0, lax.dynamic_update_index_in_dim(
-                o, d[s - 1], jnp.maximum(out_index, 0), 0), o)
-                for o, d in zip(outputs, done[:ncarry])]
+            # before step S - 1 the last stage writes its idle result into slot 0, which
+            # microbatch 0 overwrites at step S - 1: no select over the slots
+            out_index = jnp.maximum(t - (s - 1), 0)
+            slots = [self.constrain_stages(lax.dynamic_update_slice_in_dim(o, d[:, None],
+                                                                          out_index, 1))
+                     for o, d in zip(slots, done[:ncarry])]
             shifted = [self.constrain_stages(stage_shift(d)) for d in done]
-            return (shifted, outputs), None
+            return (shifted, slots), None
 
-        (_, outputs), _ = lax.scan(step, (buffer, outputs), jnp.arange(m + s - 1))
+        (_, slots), _ = lax.scan(step, (buffer, slots), jnp.arange(m + s - 1))
+        outputs = [o[s - 1] for o in slots]
         finals = []
         for k, (c, out) in enumerate(zip(init, outputs)):
             if split[nc + k]:
