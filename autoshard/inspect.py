@@ -581,10 +581,11 @@ def _fusion_bytes(comp: Computation, inst: Instruction, fused: Computation) -> i
                if root.opcode == "tuple" else [root])
     in_place, written = set(), 0
     for out in outputs:
-        if out.opcode == "dynamic-update-slice" and out.operands[0] in fused.by_name \
-                and fused.by_name[out.operands[0]].opcode == "parameter":
-            in_place.add(out.operands[0])
-            written += _shape_of(fused, out.operands[1]).num_bytes
+        update = _in_place_update(fused, out)
+        if update is not None:
+            buffer, update_elements = update
+            in_place.add(buffer)
+            written += update_elements * out.shape.num_bytes // max(out.shape.num_elements, 1)
         else:
             written += out.shape.num_bytes
     read = 0
@@ -603,6 +604,29 @@ def _fusion_bytes(comp: Computation, inst: Instruction, fused: Computation) -> i
         else:
             read += shape.num_bytes
     return read + written
+
+
+def _in_place_update(fused: Computation, out: Instruction) -> tuple[str, int] | None:
+    """(the parameter updated, the update's elements) when fusion output ``out`` is a
+    dynamic-update-slice of a parameter's buffer, which XLA does in place. CPU XLA updates
+    a bf16 buffer in f32, ``convert(dynamic-update-slice(convert(param), update))``,
+    rewriting the whole buffer; a backend with bf16 updates writes only the update in
+    place, as the program means, and so it is priced."""
+    node, widened = out, False
+    if node.opcode == "convert" and node.operands[0] in fused.by_name:
+        node, widened = fused.by_name[node.operands[0]], True
+    if node.opcode != "dynamic-update-slice" or node.operands[0] not in fused.by_name:
+        return None
+    buffer = fused.by_name[node.operands[0]]
+    if widened and buffer.opcode == "convert" and buffer.operands[0] in fused.by_name:
+        buffer = fused.by_name[buffer.operands[0]]
+        if buffer.shape.dtype != out.shape.dtype:
+            return None
+    elif widened:
+        return None
+    if buffer.opcode != "parameter":
+        return None
+    return buffer.name, _shape_of(fused, node.operands[1]).num_elements
 
 
 def _sliced_root(fused: Computation) -> tuple[int, int]:
