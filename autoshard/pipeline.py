@@ -292,7 +292,9 @@ class Interpreter:
 
             def one_layer(c, x):   # the stage's activations and weights stay on its devices
                 return self.stage_local(layer(self.stage_local(c), self.stage_local(x))), None
-            final, _ = lax.scan(one_layer, list(carry), list(stage_layers))
+            # unrolled: each layer's residuals go straight into the pipeline loop's stack
+            # for the backward pass, not through a per-stage stack copied in and out of it
+            final, _ = lax.scan(one_layer, list(carry), list(stage_layers), unroll=True)
             return list(final) + list(ride)
 
         # every stage holds the microbatch queue and its own output slots, so that inside
@@ -307,8 +309,10 @@ class Interpreter:
 
         def step(loop, t):
             buffer, slots = loop
-            entering = [lax.dynamic_index_in_dim(q, jnp.minimum(t, m - 1), 1, keepdims=False)
-                        for q in queue]
+            # constrained where read and written, so that the backward pass accumulates
+            # their cotangents split over stages too
+            entering = [lax.dynamic_index_in_dim(self.constrain_stages(q), jnp.minimum(t, m - 1),
+                                                 1, keepdims=False) for q in queue]
             buffer = [self.constrain_stages(jnp.where(first_stage(stage_ids, b.ndim), e, b))
                       for b, e in zip(buffer, entering)]
             done = jax.vmap(stage_step, spmd_axis_name=self.setting.axis)(buffer, stage_xs)
@@ -316,14 +320,19 @@ class Interpreter:
             # before step S - 1 the last stage writes its idle result into slot 0, which
             # microbatch 0 overwrites at step S - 1: no select over the slots
             out_index = jnp.maximum(t - (s - 1), 0)
-            slots = [self.constrain_stages(lax.dynamic_update_slice_in_dim(o, d[:, None],
-                                                                          out_index, 1))
-                     for o, d in zip(slots, done[:ncarry])]
+            slots = [self.constrain_stages(lax.dynamic_update_slice_in_dim(
+                self.constrain_stages(o), d[:, None], out_index, 1))
+                for o, d in zip(slots, done[:ncarry])]
             shifted = [self.constrain_stages(stage_shift(d)) for d in done]
             return (shifted, slots), None
 
         (_, slots), _ = lax.scan(step, (buffer, slots), jnp.arange(m + s - 1))
-        outputs = [o[s - 1] for o in slots]
+        # the last stage's slots, as a masked sum over stages: its transpose broadcasts the
+        # cotangent to every stage (where slicing one stage out would pad it, unsplit)
+        last = (stage_ids == s - 1)
+        outputs = [jnp.sum(jnp.where(last.reshape((s,) + (1,) * (o.ndim - 1)), o,
+                                     jnp.zeros((), o.dtype)), axis=0).astype(o.dtype)
+                   for o in slots]
         finals = []
         for k, (c, out) in enumerate(zip(init, outputs)):
             if split[nc + k]:
