@@ -762,6 +762,9 @@ class Report:
     alias_bytes: int = 0
     memory_bytes: int = 0
     warnings: tuple[str, ...] = ()
+    # (times run per step, compute seconds of the ops run that often), fewest runs first:
+    # 1 outside loops, a loop's trip count inside it (a pipeline's M + S - 1 steps)
+    compute_s_by_runs: tuple[tuple[int, float], ...] = ()
 
     def collective_bytes(self, kind: str | None = None) -> int:
         """Bytes moved by collectives of ``kind`` (all kinds if None), times their counts."""
@@ -815,6 +818,7 @@ def report_from_module(module: HloModule, hardware: Hardware, mesh=None, memory=
     """Price a parsed module; see :func:`report_from_hlo_text`."""
     flops = num_bytes = 0
     compute_s = 0.0
+    by_runs: dict[int, float] = {}
     collectives: list[Collective] = []
     warnings: list[str] = []
     for comp, inst, count in _walk(module, module.entry, 1, warnings):
@@ -832,11 +836,14 @@ def report_from_module(module: HloModule, hardware: Hardware, mesh=None, memory=
                                 f"bytes where the program's dtype has "
                                 f"{collective.num_bytes * _DTYPE_BITS[widened[0]] // _DTYPE_BITS[widened[1]]}")
         elif op_flops or op_bytes:
-            compute_s += hardware.compute_seconds(op_flops, op_bytes) * count
+            seconds = hardware.compute_seconds(op_flops, op_bytes) * count
+            compute_s += seconds
+            by_runs[count] = by_runs.get(count, 0.0) + seconds
     comm_s = sum(c.total_seconds for c in collectives)
     return Report(flops=flops, bytes_accessed=num_bytes, compute_s=compute_s, comm_s=comm_s,
                   total_s=compute_s + comm_s, collectives=tuple(collectives),
-                  warnings=tuple(warnings), **_memory_fields(memory))
+                  warnings=tuple(warnings), compute_s_by_runs=tuple(sorted(by_runs.items())),
+                  **_memory_fields(memory))
 
 
 def report_from_hlo_text(text: str, hardware: Hardware, mesh=None, memory=None) -> Report:

@@ -302,6 +302,10 @@ def test_scan_trip_count_multiplies_collectives_and_flops(mesh8):
     assert report.count("all-reduce") == 0
     (after,) = [c for c in report.collectives if c.count == 1]
     assert (after.kind, after.num_bytes, after.axes) == ("all-gather", 65536, ("x",))
+    # compute split by how often it runs: the loop's ops run 5 times, and the parts add up
+    runs = dict(report.compute_s_by_runs)
+    assert set(runs) <= {1, 5} and runs[5] > 0
+    assert sum(runs.values()) == pytest.approx(report.compute_s)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
