@@ -262,6 +262,20 @@ def test_pipeline_json_round_trip(stack_args, mesh_2d):
     assert_matches(loaded.jit()(*stack_args), jax.jit(stack_step)(*stack_args))
 
 
+def test_auto_shard_and_plan_train_step_take_pipeline_options(stack_args, mesh_2d):
+    from autoshard import distributed
+    expected = jax.jit(stack_step)(*stack_args)
+    options = dict(mesh=mesh_2d, hardware=HW, cache=False, progress=False, pipeline="data",
+                   microbatches=4)
+    decorated = autoshard.auto_shard(stack_step, **options)
+    assert decorated.plan_for(*stack_args).pipeline.stages == 2
+    assert_matches(decorated(*stack_args), expected)
+    plan_ = distributed.plan_train_step(stack_step, *stack_args, **options)
+    assert (plan_.pipeline.axis, plan_.pipeline.microbatches) == ("data", 4)
+    assert distributed.carried_specs_agree(plan_)   # the state comes out as it went in
+    assert_matches(plan_.jit()(*stack_args), expected)
+
+
 def test_pipeline_needs_a_layer_stack(args, mesh_2d):
     with pytest.raises(autoshard.InputError, match="no layer stack"):
         plan_for(args, mesh_2d, pipeline="data", microbatches=2)
