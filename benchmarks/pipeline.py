@@ -65,8 +65,11 @@ def gpt_part(args) -> None:
 
     rows = [(name, inspect(experts.compile_expert(case, mesh, name), hw, mesh))
             for name in case.experts]
-    rows.append(("gpipe (hand, M=4)", inspect(
-        experts.jit_gpipe(case, mesh, microbatches=4).lower(*case.args).compile(), hw, mesh)))
+    # by hand: data parallel inside each stage, so each microbatch splits over 'model'
+    hand_m = max(1, cfg.batch // mesh.shape["model"])
+    rows.append((f"gpipe (hand, M={hand_m})", inspect(
+        experts.jit_gpipe(case, mesh, microbatches=hand_m).lower(*case.args).compile(), hw,
+        mesh)))
     staged, staged_s = timed(lambda: planned(pipeline="data", microbatches="auto"))
     auto, plan_s = timed(lambda: planned(pipeline="auto", microbatches="auto"))
     reports = {"pipeline (data)": compiled(staged), "auto": compiled(auto)}
@@ -92,13 +95,26 @@ def gpt_part(args) -> None:
             print(f"\n{name}: {plan.pipeline.describe()}")
             where_time_goes(reports[name], plan.pipeline, hw)
     if not auto.pipeline:
-        print("\nwhy no pipeline: it saves at most the collectives over 'data' of the plan "
-              "without one, and pays the bubble on the stage loop:")
-        saved = sum(c.total_seconds for c in reports["auto"].collectives if "data" in c.axes)
-        report = reports["pipeline (data)"]
-        print(f"  collectives over 'data' in the auto plan: {saved * 1e3:.2f} ms; the pipeline's "
-              f"bubble {bubble_seconds(report, staged.pipeline) * 1e3:.2f} ms + its transfers "
-              f"{permute_seconds(report) * 1e3:.2f} ms")
+        best_case(reports["auto"], permute_seconds(reports["pipeline (data)"]), best,
+                  stages=mesh.shape["data"], batch=cfg.batch)
+
+
+def best_case(report, transfers_s: float, expert_s: float, stages: int, batch: int) -> None:
+    """What a pipeline over 'data' could reach from the plan without one: the same work per
+    device (L / S layers on the whole batch instead of L layers on half of it) with no
+    collective over 'data' left but the stage transfers, plus the bubble, (S - 1) / M of
+    the layer loop's compute."""
+    saved = sum(c.total_seconds for c in report.collectives if "data" in c.axes)
+    loops = sum(s for runs, s in report.compute_s_by_runs if runs > 1)
+    print(f"\nwhy no pipeline: the plan without one spends {saved * 1e3:.2f} ms on "
+          f"collectives over 'data' (what a pipeline over it saves) and {loops * 1e3:.2f} ms "
+          f"of compute in its layer loop (the bubble's base); stage transfers "
+          f"{transfers_s * 1e3:.2f} ms. Best case of a pipeline with this work per device:")
+    for m in (m for m in (stages, 2 * stages, 4 * stages, 8 * stages) if batch % m == 0):
+        bubble = (stages - 1) / m * loops
+        step = report.total_s - saved + transfers_s + bubble
+        print(f"  M={m:<3} bubble {bubble * 1e3:6.2f} ms  step >= {step * 1e3:6.2f} ms = "
+              f"{step / expert_s:.3f} x the best expert")
 
 
 def loop_compute_seconds(report, pipelining) -> float:
