@@ -151,10 +151,12 @@ def remat_layer(layer: Callable, remat: str | None) -> Callable:
 
 
 def pipelined(fun: Callable, setting: Pipelining | None, mesh, batch_of: Callable,
-              found: Callable | None = None, remat: str | None = None) -> Callable:
+              found: Callable | None = None, remat: str | None = None,
+              differentiated: tuple[int, ...] = ()) -> Callable:
     """``fun`` with its layer stack run as ``setting``'s pipeline (None: as a scan), each
     layer rematerialized as ``remat`` says. ``batch_of(args)`` gives the batch's row count;
-    ``found(layers)`` hears how many layers the stack has.
+    ``found(layers)`` hears how many layers the stack has; the arguments numbered in
+    ``differentiated`` (parameters) are never split into microbatches.
 
     A jaxpr holds its shapes, so the stack's layer is traced again on one microbatch:
     ``fun`` at arguments whose batch leaves have B / M rows gives the scan body the stages
@@ -179,9 +181,11 @@ def pipelined(fun: Callable, setting: Pipelining | None, mesh, batch_of: Callabl
         micro_target = None
         if setting is not None:
             rows = batch // count
+            owner = [i for i, a in enumerate(args) for _ in jax.tree.leaves(a)]
             micro_args = [jax.ShapeDtypeStruct((rows,) + tuple(jnp.shape(x)[1:]), x.dtype)
-                          if jnp.ndim(x) >= 1 and jnp.shape(x)[0] == batch else x
-                          for x in flat]
+                          if (owner[j] not in differentiated and jnp.ndim(x) >= 1
+                              and jnp.shape(x)[0] == batch) else x
+                          for j, x in enumerate(flat)]
             micro = jax.make_jaxpr(flat_fun)(*micro_args)
             index = [id(e) for e in layer_scans(closed.jaxpr)].index(id(target))
             micro_target = layer_scans(micro.jaxpr)[index]
