@@ -8,10 +8,14 @@ is taken (so autodiff writes the backward pass):
   axis (a ``with_sharding_constraint`` the planner keeps, other dims left to it);
 - the scan's batch-shaped carries and constants (leading dim B) are split into M
   microbatches ``[M, B / M, ...]``;
-- a loop of M + S - 1 iterations runs one stage step ``vmap``-ed over the S stages: stage
-  s applies its L / S layers to the microbatch it holds; then the buffer ``[S, B / M, ...]``
-  shifts by one stage (``jnp.roll`` on the stage-sharded dim, a collective-permute), and
-  microbatch t enters stage 0 while the last stage's result is kept as output t - S + 1.
+- a loop of M + S - 1 iterations runs one stage step ``vmap``-ed over the S stages
+  (with ``spmd_axis_name``: each layer's activations and weights stay on the stage's
+  devices): stage s applies its L / S layers (unrolled) to the microbatch it holds; then
+  the buffer ``[S, B / M, ...]`` shifts by one stage (``stage_shift``, a roll of the
+  stage-sharded dim: a collective-permute), and microbatch t enters stage 0 from the
+  queue every stage holds, while each stage writes its result into its own output slots
+  (the last stage's are the outputs). Inside the loop only the shift crosses the stage
+  axis, in the forward pass and in the backward pass autodiff writes.
 
 Stage s is busy in iterations s .. s + M - 1 of the M + S - 1: the bubble is
 (S - 1) / (M + S - 1) of each stage's time. Carries without a batch dim (an auxiliary
