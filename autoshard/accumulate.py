@@ -45,7 +45,9 @@ class Microbatching:
     microbatches: int
     replica_axes: tuple[str, ...] = ()
     replicas: int = 1
-    pipeline: Pipelining | None = None   # the layer stack as a pipeline of these microbatches
+    # the layer stack as a pipeline of its own microbatches; with ``microbatches`` K > 1,
+    # each of the K accumulation steps runs the pipeline on B / K rows
+    pipeline: Pipelining | None = None
     remat: str | None = None   # the stack's layers under jax.checkpoint with this policy
 
 
@@ -116,10 +118,11 @@ def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0,
             staged = pipelined(fun, setting.pipeline, _MESH.get(),
                                lambda a: batch_size(a, argnums),
                                None if record is None else record.stack_layers.append,
-                               setting.remat)
-            if setting.pipeline is not None or setting.microbatches == 1:
+                               setting.remat, _argnums(argnums))
+            if setting.microbatches == 1:
                 return jax.value_and_grad(staged, argnums=argnums, has_aux=has_aux)(
                     *args, **kwargs)
+            # K > 1 with a pipeline: K accumulation steps, each a pipeline of M microbatches
             return accumulated(staged, argnums, has_aux, setting, args, kwargs)
         if setting is None or setting.microbatches == 1:
             return plain(*args, **kwargs)
@@ -324,7 +327,8 @@ def plan_with_pipeline(plan_fn: Callable, fn: Callable, args, mesh, pipeline: st
     """The plan of ``fn`` with its marked loss's layer stack pipelined over mesh axis
     ``pipeline`` (``"auto"``: each axis, and no pipeline), the whole axis a stage each, in
     ``microbatches`` microbatches (``"auto"`` or ``None``: S, 2S and 4S for S stages). The
-    fastest plan within the budget wins."""
+    fastest plan within the budget wins; where no pipeline fits, the step accumulates
+    gradients over K = 2, 4, ... pipelined steps of B / K rows each (the fewest that fit)."""
     from autoshard.errors import MemoryBudgetError
     sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
     if pipeline != "auto" and pipeline not in sizes:
@@ -338,31 +342,51 @@ def plan_with_pipeline(plan_fn: Callable, fn: Callable, args, mesh, pipeline: st
             best = plan_with_microbatches(plan_fn, fn, args, mesh, microbatches, remat)
         except MemoryBudgetError as e:
             failure = e
+    for steps in (2 ** n for n in range(7)):   # accumulation steps K = 1, 2, 4, ...
+        staged, failure, divided = fastest_pipeline(plan_fn, fn, args, mesh, axes, sizes,
+                                                    microbatches, remat, steps, failure,
+                                                    strict=pipeline != "auto" and steps == 1)
+        if staged is not None and (best is None or staged.cost.total_s < best.cost.total_s):
+            best = staged
+        if best is not None or not divided or not isinstance(failure, MemoryBudgetError):
+            break
+    if best is None:
+        if failure is not None:
+            raise failure
+        raise InputError(f"no layer stack of the marked loss pipelines over {axes}")
+    return best
+
+
+def fastest_pipeline(plan_fn, fn, args, mesh, axes, sizes, microbatches, remat, steps: int,
+                     failure, strict: bool):
+    """The fastest plan within the budget pipelined over one of ``axes``, accumulated over
+    ``steps`` pipelined steps; the last budget failure; and whether any setting traced (a
+    stack the stages and microbatches divide). ``strict``: a setting that finds no such
+    stack raises (the one setting asked for), rather than being skipped."""
+    from autoshard.errors import MemoryBudgetError
+    best, divided = None, False
     for axis in axes:
         stages = sizes[axis]
         counts = ([int(microbatches)] if microbatches not in (None, "auto")
                   else [stages, 2 * stages, 4 * stages])
         for count, policy in [(c, r) for c in counts for r in remat_choices(remat)]:
             record = TraceRecord()
-            setting = Microbatching(count, pipeline=Pipelining(axis, stages, count),
+            setting = Microbatching(steps, pipeline=Pipelining(axis, stages, count),
                                     remat=policy)
             with microbatching(setting, record, mesh):
                 try:
                     candidate = plan_fn(fn, *args)
                 except MemoryBudgetError as e:
-                    failure = e
+                    failure, divided = e, True
                     continue
                 except InputError:
-                    if pipeline == "auto" or len(counts) > 1:
+                    if not strict or len(counts) > 1:
                         continue   # no stack these stages and microbatches divide
                     raise
+            divided = True
             layers = record.stack_layers[0] if record.stack_layers else 0
             candidate.microbatching = dataclasses.replace(
                 setting, pipeline=dataclasses.replace(setting.pipeline, layers=layers))
             if best is None or candidate.cost.total_s < best.cost.total_s:
                 best = candidate
-    if best is None:
-        if failure is not None:
-            raise failure
-        raise InputError(f"no layer stack of the marked loss pipelines over {axes}")
-    return best
+    return best, failure, divided

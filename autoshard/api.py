@@ -533,8 +533,11 @@ def auto_shard(fn: Callable | None = None, *, mesh: Mesh, hardware: Hardware | N
                donate_argnums: Sequence[int] = (), time_limit_s: float = 60.0,
                reuse: bool = True, cache: bool = True,
                cache_directory: str | os.PathLike | None = None,
-               progress: bool | None = None):
+               progress: bool | None = None, microbatches: int | str | None = None,
+               pipeline: str | None = None, remat: str | None = None):
     """Decorator: shard ``fn`` automatically over ``mesh``; plans on the first call.
+    Every keyword is ``autoshard.plan``'s (``microbatches``, ``pipeline`` and ``remat``
+    apply to a loss marked by ``autoshard.value_and_grad``).
 
     Example::
 
@@ -543,11 +546,15 @@ def auto_shard(fn: Callable | None = None, *, mesh: Mesh, hardware: Hardware | N
 
         params, opt_state, loss = train_step(params, opt_state, batch)
         train_step.plan_for(params, opt_state, batch).summary()
+
+        @autoshard.auto_shard(mesh=mesh, pipeline="auto", microbatches="auto")
+        def pipelined_step(params, batch): ...
     """
     kwargs = dict(mesh=mesh, hardware=hardware, memory_budget=memory_budget, pins=pins,
                   donate_argnums=donate_argnums, time_limit_s=time_limit_s, reuse=reuse,
                   cache=cache, cache_directory=cache_directory, progress=progress)
     validate.plan_options(**kwargs)
+    kwargs.update(microbatches=microbatches, pipeline=pipeline, remat=remat)
     if fn is None:
         return lambda f: AutoSharded(validate.function(f), **kwargs)
     return AutoSharded(validate.function(fn), **kwargs)

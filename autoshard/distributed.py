@@ -440,11 +440,14 @@ def plan_train_step(train_step, state, batch, *, mesh, timeout_s: float = 60.0,
     mismatched argument implicitly). Plans once; where the state would come out laid
     out differently, plans again with the state outputs pinned to the chosen input
     specs. Every process ends up with process 0's plan (:func:`agree_on_plan`).
+    ``plan_kwargs`` are ``autoshard.plan``'s, ``microbatches``, ``pipeline`` and ``remat``
+    included.
 
     Example::
 
         plan = plan_train_step(case.train_step, case.state, case.make_batch(0), mesh=mesh)
         step = plan.jit(donate_argnums=(0,))
+        staged = plan_train_step(step_fn, state, batch, mesh=mesh, pipeline="auto")
     """
     from autoshard.api import plan as make_plan
     result = make_plan(train_step, state, batch, mesh=mesh, **plan_kwargs)

@@ -469,7 +469,7 @@ def jit_gpipe(case, mesh: Mesh, microbatches: int, stage_axis: str | None = None
     stage_axis = stage_axis or mesh.axis_names[0]
     stages = axis_sizes(mesh)[stage_axis]
     inner = tuple(a for a in mesh.axis_names if a != stage_axis) or None
-    setting = Microbatching(microbatches, pipeline=Pipelining(stage_axis, stages, microbatches))
+    setting = Microbatching(1, pipeline=Pipelining(stage_axis, stages, microbatches))
     state, batch = case.args
     state_sh = shardings_from_rules(state, mesh, [(stack, P(stage_axis))], prefix="state")
     batch_sh = shardings_from_rules(batch, mesh, [], prefix="batch", default=P(inner))

@@ -581,10 +581,11 @@ def _fusion_bytes(comp: Computation, inst: Instruction, fused: Computation) -> i
                if root.opcode == "tuple" else [root])
     in_place, written = set(), 0
     for out in outputs:
-        if out.opcode == "dynamic-update-slice" and out.operands[0] in fused.by_name \
-                and fused.by_name[out.operands[0]].opcode == "parameter":
-            in_place.add(out.operands[0])
-            written += _shape_of(fused, out.operands[1]).num_bytes
+        update = _in_place_update(fused, out)
+        if update is not None:
+            buffer, update_elements = update
+            in_place.add(buffer)
+            written += update_elements * out.shape.num_bytes // max(out.shape.num_elements, 1)
         else:
             written += out.shape.num_bytes
     read = 0
@@ -603,6 +604,29 @@ def _fusion_bytes(comp: Computation, inst: Instruction, fused: Computation) -> i
         else:
             read += shape.num_bytes
     return read + written
+
+
+def _in_place_update(fused: Computation, out: Instruction) -> tuple[str, int] | None:
+    """(the parameter updated, the update's elements) when fusion output ``out`` is a
+    dynamic-update-slice of a parameter's buffer, which XLA does in place. CPU XLA updates
+    a bf16 buffer in f32, ``convert(dynamic-update-slice(convert(param), update))``,
+    rewriting the whole buffer; a backend with bf16 updates writes only the update in
+    place, as the program means, and so it is priced."""
+    node, widened = out, False
+    if node.opcode == "convert" and node.operands[0] in fused.by_name:
+        node, widened = fused.by_name[node.operands[0]], True
+    if node.opcode != "dynamic-update-slice" or node.operands[0] not in fused.by_name:
+        return None
+    buffer = fused.by_name[node.operands[0]]
+    if widened and buffer.opcode == "convert" and buffer.operands[0] in fused.by_name:
+        buffer = fused.by_name[buffer.operands[0]]
+        if buffer.shape.dtype != out.shape.dtype:
+            return None
+    elif widened:
+        return None
+    if buffer.opcode != "parameter":
+        return None
+    return buffer.name, _shape_of(fused, node.operands[1]).num_elements
 
 
 def _sliced_root(fused: Computation) -> tuple[int, int]:
@@ -738,6 +762,9 @@ class Report:
     alias_bytes: int = 0
     memory_bytes: int = 0
     warnings: tuple[str, ...] = ()
+    # (times run per step, compute seconds of the ops run that often), fewest runs first:
+    # 1 outside loops, a loop's trip count inside it (a pipeline's M + S - 1 steps)
+    compute_s_by_runs: tuple[tuple[int, float], ...] = ()
 
     def collective_bytes(self, kind: str | None = None) -> int:
         """Bytes moved by collectives of ``kind`` (all kinds if None), times their counts."""
@@ -791,6 +818,7 @@ def report_from_module(module: HloModule, hardware: Hardware, mesh=None, memory=
     """Price a parsed module; see :func:`report_from_hlo_text`."""
     flops = num_bytes = 0
     compute_s = 0.0
+    by_runs: dict[int, float] = {}
     collectives: list[Collective] = []
     warnings: list[str] = []
     for comp, inst, count in _walk(module, module.entry, 1, warnings):
@@ -808,11 +836,14 @@ def report_from_module(module: HloModule, hardware: Hardware, mesh=None, memory=
                                 f"bytes where the program's dtype has "
                                 f"{collective.num_bytes * _DTYPE_BITS[widened[0]] // _DTYPE_BITS[widened[1]]}")
         elif op_flops or op_bytes:
-            compute_s += hardware.compute_seconds(op_flops, op_bytes) * count
+            seconds = hardware.compute_seconds(op_flops, op_bytes) * count
+            compute_s += seconds
+            by_runs[count] = by_runs.get(count, 0.0) + seconds
     comm_s = sum(c.total_seconds for c in collectives)
     return Report(flops=flops, bytes_accessed=num_bytes, compute_s=compute_s, comm_s=comm_s,
                   total_s=compute_s + comm_s, collectives=tuple(collectives),
-                  warnings=tuple(warnings), **_memory_fields(memory))
+                  warnings=tuple(warnings), compute_s_by_runs=tuple(sorted(by_runs.items())),
+                  **_memory_fields(memory))
 
 
 def report_from_hlo_text(text: str, hardware: Hardware, mesh=None, memory=None) -> Report:

@@ -8,10 +8,14 @@ is taken (so autodiff writes the backward pass):
   axis (a ``with_sharding_constraint`` the planner keeps, other dims left to it);
 - the scan's batch-shaped carries and constants (leading dim B) are split into M
   microbatches ``[M, B / M, ...]``;
-- a loop of M + S - 1 iterations runs one stage step ``vmap``-ed over the S stages: stage
-  s applies its L / S layers to the microbatch it holds; then the buffer ``[S, B / M, ...]``
-  shifts by one stage (``jnp.roll`` on the stage-sharded dim, a collective-permute), and
-  microbatch t enters stage 0 while the last stage's result is kept as output t - S + 1.
+- a loop of M + S - 1 iterations runs one stage step ``vmap``-ed over the S stages
+  (with ``spmd_axis_name``: each layer's activations and weights stay on the stage's
+  devices): stage s applies its L / S layers (unrolled) to the microbatch it holds; then
+  the buffer ``[S, B / M, ...]`` shifts by one stage (``stage_shift``, a roll of the
+  stage-sharded dim: a collective-permute), and microbatch t enters stage 0 from the
+  queue every stage holds, while each stage writes its result into its own output slots
+  (the last stage's are the outputs). Inside the loop only the shift crosses the stage
+  axis, in the forward pass and in the backward pass autodiff writes.
 
 Stage s is busy in iterations s .. s + M - 1 of the M + S - 1: the bubble is
 (S - 1) / (M + S - 1) of each stage's time. Carries without a batch dim (an auxiliary
@@ -27,13 +31,47 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.extend.core import Literal
+from jax.extend.core import Literal, Primitive
+from jax.interpreters import ad, batching, mlir
 from jax.sharding import NamedSharding, PartitionSpec
 
 from autoshard.errors import InputError
 from autoshard.trace import INLINED, split_closed
 
 REMAT = ("checkpoint", "remat2", "remat")
+
+# -- the stage shift -----------------------------------------------------------------------
+#
+# ``jnp.roll`` traces to two slices and a concatenate, whose rules keep the rolled dim
+# whole: the planner would gather the stage buffer to roll it. As one primitive the shift
+# keeps its operand's spec, and its rule prices the collective-permute XLA emits for a
+# roll of a dim split over the stage axis (its lowering is the same roll).
+
+stage_shift_p = Primitive("stage_shift")
+
+
+def stage_shift(x, shift: int = 1, dimension: int = 0):
+    """``jnp.roll(x, shift, dimension)``: entry i moves to i + shift along ``dimension``."""
+    return stage_shift_p.bind(x, shift=int(shift), dimension=int(dimension))
+
+
+def _roll(x, *, shift, dimension):
+    return jnp.roll(x, shift, axis=dimension)
+
+
+stage_shift_p.def_impl(_roll)
+stage_shift_p.def_abstract_eval(lambda x, **_: x)
+mlir.register_lowering(stage_shift_p, mlir.lower_fun(_roll, multiple_results=False))
+ad.deflinear2(stage_shift_p, lambda ct, x, *, shift, dimension:
+              [stage_shift(ad.instantiate_zeros(ct), -shift, dimension)])
+
+
+def _shift_batched(args, dims, *, shift, dimension):
+    (x,), (d,) = args, dims
+    return stage_shift(x, shift, dimension + (d is not None and d <= dimension)), d
+
+
+batching.primitive_batchers[stage_shift_p] = _shift_batched
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,10 +155,12 @@ def remat_layer(layer: Callable, remat: str | None) -> Callable:
 
 
 def pipelined(fun: Callable, setting: Pipelining | None, mesh, batch_of: Callable,
-              found: Callable | None = None, remat: str | None = None) -> Callable:
+              found: Callable | None = None, remat: str | None = None,
+              differentiated: tuple[int, ...] = ()) -> Callable:
     """``fun`` with its layer stack run as ``setting``'s pipeline (None: as a scan), each
     layer rematerialized as ``remat`` says. ``batch_of(args)`` gives the batch's row count;
-    ``found(layers)`` hears how many layers the stack has.
+    ``found(layers)`` hears how many layers the stack has; the arguments numbered in
+    ``differentiated`` (parameters) are never split into microbatches.
 
     A jaxpr holds its shapes, so the stack's layer is traced again on one microbatch:
     ``fun`` at arguments whose batch leaves have B / M rows gives the scan body the stages
@@ -145,9 +185,11 @@ def pipelined(fun: Callable, setting: Pipelining | None, mesh, batch_of: Callabl
         micro_target = None
         if setting is not None:
             rows = batch // count
+            owner = [i for i, a in enumerate(args) for _ in jax.tree.leaves(a)]
             micro_args = [jax.ShapeDtypeStruct((rows,) + tuple(jnp.shape(x)[1:]), x.dtype)
-                          if jnp.ndim(x) >= 1 and jnp.shape(x)[0] == batch else x
-                          for x in flat]
+                          if (owner[j] not in differentiated and jnp.ndim(x) >= 1
+                              and jnp.shape(x)[0] == batch) else x
+                          for j, x in enumerate(flat)]
             micro = jax.make_jaxpr(flat_fun)(*micro_args)
             index = [id(e) for e in layer_scans(closed.jaxpr)].index(id(target))
             micro_target = layer_scans(micro.jaxpr)[index]
@@ -217,6 +259,14 @@ class Interpreter:
         spec = PartitionSpec(self.setting.axis, *[PartitionSpec.UNCONSTRAINED] * (x.ndim - 1))
         return lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
 
+    def stage_local(self, xs) -> list:
+        """Inside the stage step (``vmap``-ed with ``spmd_axis_name``, which puts the stage
+        dim on the stage axis): ``xs`` constrained to keep that dim there, others free."""
+        free = PartitionSpec.UNCONSTRAINED
+        return [lax.with_sharding_constraint(
+            x, NamedSharding(self.mesh, PartitionSpec(*[free] * jnp.ndim(x))))
+            for x in xs]
+
     def pipeline(self, eqn, ins) -> list:
         p = eqn.params
         body, body_consts = split_closed(self.micro_target.params["jaxpr"])
@@ -247,32 +297,50 @@ class Interpreter:
             def layer(c, x):
                 return jax.core.eval_jaxpr(body, body_consts, *all_consts, *c, *x)
             layer = remat_layer(layer, self.remat)
-            final, _ = lax.scan(lambda c, x: (layer(c, x), None), list(carry),
-                                list(stage_layers))
+
+            def one_layer(c, x):   # the stage's activations and weights stay on its devices
+                return self.stage_local(layer(self.stage_local(c), self.stage_local(x))), None
+            # unrolled: each layer's residuals go straight into the pipeline loop's stack
+            # for the backward pass, not through a per-stage stack copied in and out of it
+            final, _ = lax.scan(one_layer, list(carry), list(stage_layers), unroll=True)
             return list(final) + list(ride)
 
+        # every stage holds the microbatch queue and its own output slots, so that inside
+        # the loop nothing but the buffer's shift crosses the stage axis: stage 0 takes
+        # microbatch t from its copy of the queue, each stage writes what it finished into
+        # its slots, and only the last stage's slots are read after the loop
+        queue = [self.constrain_stages(jnp.broadcast_to(x, (s,) + x.shape)) for x in travel]
         buffer = [self.constrain_stages(jnp.zeros((s,) + t.shape[1:], t.dtype))
                   for t in travel]
-        outputs = [jnp.zeros_like(c) for c in carried]
+        slots = [self.constrain_stages(jnp.zeros((s,) + c.shape, c.dtype)) for c in carried]
         stage_ids = jnp.arange(s)
 
         def step(loop, t):
-            buffer, outputs = loop
-            entering = [lax.dynamic_index_in_dim(x, jnp.minimum(t, m - 1), 0, keepdims=False)
-                        for x in travel]
-            buffer = [jnp.where(first_stage(stage_ids, b.ndim), e[None], b)
+            buffer, slots = loop
+            # constrained where read and written, so that the backward pass accumulates
+            # their cotangents split over stages too
+            entering = [lax.dynamic_index_in_dim(self.constrain_stages(q), jnp.minimum(t, m - 1),
+                                                 1, keepdims=False) for q in queue]
+            buffer = [self.constrain_stages(jnp.where(first_stage(stage_ids, b.ndim), e, b))
                       for b, e in zip(buffer, entering)]
-            buffer = [self.constrain_stages(b) for b in buffer]
-            done = jax.vmap(stage_step)(buffer, stage_xs)
+            done = jax.vmap(stage_step, spmd_axis_name=self.setting.axis)(buffer, stage_xs)
             done = [self.constrain_stages(d) for d in done]
-            out_index = t - (s - 1)
-            outputs = [jnp.where(out_index >= 0, lax.dynamic_update_index_in_dim(
-                o, d[s - 1], jnp.maximum(out_index, 0), 0), o)
-                for o, d in zip(outputs, done[:ncarry])]
-            shifted = [self.constrain_stages(jnp.roll(d, 1, axis=0)) for d in done]
-            return (shifted, outputs), None
+            # before step S - 1 the last stage writes its idle result into slot 0, which
+            # microbatch 0 overwrites at step S - 1: no select over the slots
+            out_index = jnp.maximum(t - (s - 1), 0)
+            slots = [self.constrain_stages(lax.dynamic_update_slice_in_dim(
+                self.constrain_stages(o), d[:, None], out_index, 1))
+                for o, d in zip(slots, done[:ncarry])]
+            shifted = [self.constrain_stages(stage_shift(d)) for d in done]
+            return (shifted, slots), None
 
-        (_, outputs), _ = lax.scan(step, (buffer, outputs), jnp.arange(m + s - 1))
+        (_, slots), _ = lax.scan(step, (buffer, slots), jnp.arange(m + s - 1))
+        # the last stage's slots, as a masked sum over stages: its transpose broadcasts the
+        # cotangent to every stage (where slicing one stage out would pad it, unsplit)
+        last = (stage_ids == s - 1)
+        outputs = [jnp.sum(jnp.where(last.reshape((s,) + (1,) * (o.ndim - 1)), o,
+                                     jnp.zeros((), o.dtype)), axis=0).astype(o.dtype)
+                   for o in slots]
         finals = []
         for k, (c, out) in enumerate(zip(init, outputs)):
             if split[nc + k]:
@@ -293,14 +361,16 @@ def to_microbatches(x, m: int):
 
 def constraint_pins(graph, axis: str) -> dict:
     """Pins for the planner: each ``with_sharding_constraint`` the pipeline wrote (a stage
-    dim on ``axis``, other dims free) keeps its stage dim there."""
+    dim on ``axis``, wherever ``vmap`` put it; other dims free) keeps its stage dim
+    there."""
     pins = {}
     for node in graph.nodes:
         sharding = node.params.get("sharding") if node.primitive == "sharding_constraint" \
             else None
-        pspec = getattr(sharding, "spec", None)
-        if pspec is None or not len(pspec) or pspec[0] != axis:
+        pspec = tuple(getattr(sharding, "spec", None) or ())
+        if axis not in pspec:
             continue
         rank = len(graph.values[node.outputs[0]].shape)
-        pins[node.id] = ((axis,),) + (None,) * (rank - 1)
+        pins[node.id] = tuple((axis,) if d == pspec.index(axis) else None
+                              for d in range(rank))
     return pins

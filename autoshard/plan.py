@@ -283,6 +283,9 @@ class Plan:
         lines = []
         if self.pipeline is not None:
             lines.append(self.pipeline.describe())
+            if self.microbatching.microbatches > 1:
+                lines.append(f"{self.microbatching.microbatches} accumulation steps, each a "
+                             "pipelined step on its share of the batch")
         elif self.microbatching is not None and self.microbatching.microbatches > 1:
             m = self.microbatching
             replicas = f"{m.replicas} replica" + "s" * (m.replicas != 1)

@@ -130,7 +130,9 @@ def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, ctx) -
                              for l in einsum.reduce if a in split.get(l, ()))
         name = strategy_name(split)
         if not partial_axes:
-            result.append(Strategy(name, in_specs, tuple(out_specs), compute_s, 0.0))
+            permutes = shift_permutes(einsum, split, out_bytes, node.weight, ctx)
+            result.append(Strategy(name, in_specs, tuple(out_specs), compute_s,
+                                   sum(c.seconds for c in permutes), permutes))
             continue
         per_label = sorted(tuple(a for a in axis_sizes if a in split[l])
                            for l in einsum.reduce if split.get(l))
@@ -139,6 +141,18 @@ def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, ctx) -
         result += reduction_variants(node, name, in_specs, out_specs, out_shapes, reduced_bytes,
                                      partial_axes, per_label, compute_s, einsum.reduce_op, ctx)
     return result
+
+
+def shift_permutes(einsum: Einsum, split, out_bytes, weight: float, ctx) -> tuple:
+    """The collective-permute of a roll along a split dim (``Einsum.shifted``): each
+    device sends its block of the result to its neighbour over the dim's axes."""
+    axes = tuple(a for a in ctx.axis_sizes for l in einsum.shifted if a in split.get(l, ()))
+    if not axes:
+        return ()
+    hw = ctx.hardware
+    seconds = hwlib.collective_permute_seconds(
+        out_bytes[0], hw.group_bandwidth(axes), hw.link_latency) * weight
+    return (Collective("collective-permute", axes, out_bytes[0], seconds),)
 
 
 def reduction_widening(dtype, reduction_itemsize: int) -> float:

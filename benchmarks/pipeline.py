@@ -36,7 +36,6 @@ def hardware(autoshard):
 
 
 def gpt_part(args) -> None:
-    import jax
     import autoshard
     from autoshard import experts
     from autoshard.inspect import inspect
@@ -51,42 +50,102 @@ def gpt_part(args) -> None:
     print(f"GPT {cfg.layers} layers, d_model {cfg.d_model}, d_ff {cfg.d_ff}, seq {cfg.seq}, "
           f"batch {cfg.batch}, bf16, Adam; {cfg.param_count() / 1e9:.2f}e9 params; "
           f"mesh 2x8 (data 4e10 B/s across nodes, model 3.6e11 B/s)")
-    rows = []
-    for name in case.experts:
+
+    def timed(make):
         started = time.perf_counter()
-        report = inspect(experts.compile_expert(case, mesh, name), hw, mesh)
-        rows.append((name, report, time.perf_counter() - started))
-    started = time.perf_counter()
-    gpipe = inspect(experts.jit_gpipe(case, mesh, microbatches=4).lower(*case.args).compile(),
-                    hw, mesh)
-    hand = [("gpipe (hand, M=4)", gpipe, time.perf_counter() - started)]
-    started = time.perf_counter()
-    plan = autoshard.plan(case.train_step, *case.args, mesh=mesh, hardware=hw,
-                          donate_argnums=case.donate_argnums, pipeline="auto",
-                          microbatches="auto", progress=False)
-    plan_s = time.perf_counter() - started
-    auto = inspect(plan.jit().lower(*case.args).compile(), hw, mesh)
-    print(f"\n{'plan':16}{'step ms':>10}{'compute ms':>12}{'comm ms':>10}{'memory GB':>11}"
-          f"{'fits':>6}")
-    for name, report, _ in rows + hand + [("auto", auto, plan_s)]:
-        print(f"{name:16}{report.total_s * 1e3:>10.2f}{report.compute_s * 1e3:>12.2f}"
+        out = make()
+        return out, time.perf_counter() - started
+
+    def planned(**options):
+        return autoshard.plan(case.train_step, *case.args, mesh=mesh, hardware=hw,
+                              donate_argnums=case.donate_argnums, progress=False, **options)
+
+    def compiled(plan):
+        return inspect(plan.jit().lower(*case.args).compile(), hw, mesh)
+
+    rows = [(name, inspect(experts.compile_expert(case, mesh, name), hw, mesh))
+            for name in case.experts]
+    # by hand: data parallel inside each stage, so each microbatch splits over 'model'
+    hand_m = max(1, cfg.batch // mesh.shape["model"])
+    rows.append((f"gpipe (hand, M={hand_m})", inspect(
+        experts.jit_gpipe(case, mesh, microbatches=hand_m).lower(*case.args).compile(), hw,
+        mesh)))
+    staged, staged_s = timed(lambda: planned(pipeline="data", microbatches="auto"))
+    auto, plan_s = timed(lambda: planned(pipeline="auto", microbatches="auto"))
+    reports = {"pipeline (data)": compiled(staged), "auto": compiled(auto)}
+    print(f"\n{'plan':18}{'step ms':>10}{'compute ms':>12}{'comm ms':>10}{'memory GB':>11}"
+          f"{'fits':>6}{'predicted ms':>14}")
+    for name, report in rows + list(reports.items()):
+        plan = {"pipeline (data)": staged, "auto": auto}.get(name)
+        predicted = f"{plan.cost.total_s * 1e3:>14.2f}" if plan else ""
+        print(f"{name:18}{report.total_s * 1e3:>10.2f}{report.compute_s * 1e3:>12.2f}"
               f"{report.comm_s * 1e3:>10.2f}{report.memory_bytes / 1e9:>11.2f}"
-              f"{'yes' if report.memory_bytes <= hw.memory else 'no':>6}")
-    feasible = [r for _, r, _ in rows if r.memory_bytes <= hw.memory] or [r for _, r, _ in rows]
+              f"{'yes' if report.memory_bytes <= hw.memory else 'no':>6}{predicted}")
+    experts_only = rows[:-1]
+    feasible = [r for _, r in experts_only if r.memory_bytes <= hw.memory] or [
+        r for _, r in experts_only]
     best = min(r.total_s for r in feasible)
-    print(f"\nauto / best non-pipelined expert: {auto.total_s / best:.3f} (target <= 0.75); "
-          f"planned in {plan_s:.1f} s")
-    print(f"auto plan: {plan.pipeline.describe() if plan.pipeline else 'no pipeline'}"
-          + (f"; {plan.microbatching}" if plan.microbatching else ""))
-    bound = auto.flops / hw.flops
-    permutes = sum(c.total_seconds for c in auto.collectives if c.kind == "collective-permute")
-    bubble = plan.pipeline.bubble_fraction * auto.compute_s if plan.pipeline else 0.0
-    print(f"compute-only bound (this program's FLOPs at peak): {bound * 1e3:.2f} ms")
-    print(f"bubble ((S-1)/(M+S-1) of compute): {bubble * 1e3:.2f} ms")
-    print(f"stage transfers (collective-permute): {permutes * 1e3:.2f} ms")
-    print(f"rest: other collectives {(auto.comm_s - permutes) * 1e3:.2f} ms, compute beyond "
+    print(f"\nauto / best non-pipelined expert: {reports['auto'].total_s / best:.3f} "
+          f"(target <= 0.75); planned in {plan_s:.1f} s (the data-axis pipeline alone in "
+          f"{staged_s:.1f} s)")
+    print(f"auto plan: {auto.pipeline.describe() if auto.pipeline else 'no pipeline'}"
+          + (f"; {auto.microbatching}" if auto.microbatching else ""))
+    for name, plan in (("auto", auto), ("pipeline (data)", staged)):
+        if plan.pipeline:
+            print(f"\n{name}: {plan.pipeline.describe()}")
+            where_time_goes(reports[name], plan.pipeline, hw)
+    if not auto.pipeline:
+        best_case(reports["auto"], permute_seconds(reports["pipeline (data)"]), best,
+                  stages=mesh.shape["data"], batch=cfg.batch)
+
+
+def best_case(report, transfers_s: float, expert_s: float, stages: int, batch: int) -> None:
+    """What a pipeline over 'data' could reach from the plan without one: the same work per
+    device (L / S layers on the whole batch instead of L layers on half of it) with no
+    collective over 'data' left but the stage transfers, plus the bubble, (S - 1) / M of
+    the layer loop's compute."""
+    saved = sum(c.total_seconds for c in report.collectives if "data" in c.axes)
+    loops = sum(s for runs, s in report.compute_s_by_runs if runs > 1)
+    print(f"\nwhy no pipeline: the plan without one spends {saved * 1e3:.2f} ms on "
+          f"collectives over 'data' (what a pipeline over it saves) and {loops * 1e3:.2f} ms "
+          f"of compute in its layer loop (the bubble's base); stage transfers "
+          f"{transfers_s * 1e3:.2f} ms. Best case of a pipeline with this work per device:")
+    for m in (m for m in (stages, 2 * stages, 4 * stages, 8 * stages) if batch % m == 0):
+        bubble = (stages - 1) / m * loops
+        step = report.total_s - saved + transfers_s + bubble
+        print(f"  M={m:<3} bubble {bubble * 1e3:6.2f} ms  step >= {step * 1e3:6.2f} ms = "
+              f"{step / expert_s:.3f} x the best expert")
+
+
+def loop_compute_seconds(report, pipelining) -> float:
+    """Compute of the ops the pipeline's loops run once per step (M + S - 1 times, or a
+    multiple inside nested loops)."""
+    return sum(s for runs, s in report.compute_s_by_runs
+               if runs >= pipelining.iterations and runs % pipelining.iterations == 0)
+
+
+def bubble_seconds(report, pipelining) -> float:
+    return pipelining.bubble_fraction * loop_compute_seconds(report, pipelining)
+
+
+def permute_seconds(report) -> float:
+    return sum(c.total_seconds for c in report.collectives if c.kind == "collective-permute")
+
+
+def where_time_goes(report, pipelining, hw) -> None:
+    """The compiled pipelined step, split: FLOPs at peak, the bubble, the stage transfers,
+    the other collectives, and the compute beyond the FLOPs (memory-bound ops)."""
+    bound = report.flops / hw.flops
+    bubble, permutes = bubble_seconds(report, pipelining), permute_seconds(report)
+    loop = loop_compute_seconds(report, pipelining)
+    print(f"  compute-only bound (this program's FLOPs at peak): {bound * 1e3:.2f} ms")
+    print(f"  stage loop compute {loop * 1e3:.2f} ms, of which bubble ((S-1)/(M+S-1) = "
+          f"{pipelining.bubble_fraction:.1%}): {bubble * 1e3:.2f} ms")
+    print(f"  stage transfers (collective-permute): {permutes * 1e3:.2f} ms")
+    print(f"  rest: other collectives {(report.comm_s - permutes) * 1e3:.2f} ms; compute "
+          f"outside the stage loop {(report.compute_s - loop) * 1e3:.2f} ms; compute beyond "
           f"the bound and the bubble (memory-bound ops) "
-          f"{(auto.compute_s - bound - bubble) * 1e3:.2f} ms")
+          f"{(report.compute_s - bound - bubble) * 1e3:.2f} ms")
 
 
 def llama_part(args) -> None:

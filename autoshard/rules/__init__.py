@@ -33,6 +33,7 @@ class Einsum:
     reduce_op: str = "sum"           # how partial results combine: sum, max, min, ...
     flops: float = 0.0
     fusible: bool = False            # XLA fuses it into neighbours (elementwise-like)
+    shifted: frozenset = frozenset()  # labels rolled along: split, a collective-permute
 
     def __str__(self) -> str:
         def term(labels):

@@ -108,6 +108,18 @@ def concatenate(node, out_shapes) -> Einsum:
     return Einsum(tuple(term for _ in node.operand_shapes), (term,), labels.sizes)
 
 
+@register("stage_shift")
+def stage_shift(node, out_shapes) -> Einsum:
+    """A roll along one dim (a pipeline's stage buffer moving one stage on): every dim
+    keeps its split; the rolled dim split costs each device a send of its block to its
+    neighbour (a collective-permute)."""
+    labels = LabelMaker()
+    term = tuple(labels.new(d) for d in out_shapes[0])
+    rolled = term[node.params["dimension"]]
+    return Einsum((term,), (term,), labels.sizes,
+                  shifted=frozenset({rolled} if rolled else ()))
+
+
 @register("split")
 def split(node, out_shapes) -> Einsum:
     return _keep_dims(node, out_shapes, {node.params["axis"]})
