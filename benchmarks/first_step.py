@@ -22,7 +22,12 @@ Beside it, the compiled step time of the auto plan with the constraints pruned a
 a constraint on every result (--compare-all), priced by autoshard.inspect: pruning must
 not change it. Each figure is the fastest of --repeat runs.
 
-Run: python benchmarks/first_step.py [--layers 12,24,48] [--repeat 1] [--split] [--compare-all]
+``--pin-experts fsdp,data_parallel`` also plans with every argument pinned to an expert's
+spec and prints, beside the free plan, the cost model's price of each, its compile time
+and its compiled step: a layout priced within noise of another may compile much faster.
+
+Run: python benchmarks/first_step.py [--layers 12,24,48] [--repeat 1] [--split]
+         [--pin-experts fsdp] [--compare-all]
 """
 
 import argparse
@@ -73,9 +78,10 @@ def fastest(fn, repeat: int):
     return min(runs, key=lambda run: run[1].wall)
 
 
-def plan_case(case, mesh):
+def plan_case(case, mesh, pins=None):
     return autoshard.plan(case.train_step, *case.args, mesh=mesh, hardware=HARDWARE,
-                          donate_argnums=case.donate_argnums, cache=False, progress=False)
+                          donate_argnums=case.donate_argnums, cache=False, progress=False,
+                          pins=pins)
 
 
 def shardings_only(case, plan):
@@ -111,7 +117,18 @@ def plan_stages(plan) -> dict:
     return stages
 
 
-def run(layers: int, mesh, repeat: int, compare_all: bool) -> dict:
+def pinned_to(case, mesh, name: str) -> dict:
+    """The plan with every argument pinned to an expert's spec: its objective (the cost
+    model's price), the time to plan and compile it, and its compiled step time."""
+    plan, plan_t = timed(lambda: plan_case(case, mesh, pins=case.experts[name](mesh)))
+    compiled, lower_t, compile_t = lower_and_compile(plan.jit(case.donate_argnums),
+                                                     case.args, 1)
+    return dict(objective_s=plan.solver["objective_s"], plan=plan_t, lower=lower_t,
+                compile=compile_t, step_s=inspect(compiled, HARDWARE, mesh).total_s,
+                constraints=constraints(plan))
+
+
+def run(layers: int, mesh, repeat: int, compare_all: bool, pin_experts=()) -> dict:
     case = gpt_case(layers)
     args = case.args
     plan, plan_t = fastest(lambda: plan_case(case, mesh), repeat)
@@ -129,10 +146,11 @@ def run(layers: int, mesh, repeat: int, compare_all: bool) -> dict:
     expert = row["experts"][best]
     expert_t = expert["lower"] + expert["compile"]
     auto_t = lower_t + compile_t
-    row.update(best=best, expert_t=expert_t,
+    row.update(best=best, expert_t=expert_t, objective_s=plan.solver["objective_s"],
                ratio=(plan_t.wall + auto_t.wall) / expert_t.wall,
                cpu_ratio=(plan_t.cpu + auto_t.cpu) / expert_t.cpu,
                floor=auto_t.wall / expert_t.wall, cpu_floor=auto_t.cpu / expert_t.cpu)
+    row["pinned"] = {name: pinned_to(case, mesh, name) for name in pin_experts}
     if compare_all:
         full = every_result_constrained(plan, case)
         compiled, full_t = timed(lambda: full.jit(case.donate_argnums).lower(*args).compile())
@@ -175,12 +193,31 @@ def print_split(rows: list[dict]) -> None:
               f"{r['compile'].cpu:>9.1f}{experts_cpu}")
 
 
+def print_pinned(rows: list[dict]) -> None:
+    """The free plan beside the plans pinned to an expert's argument specs: what the cost
+    model prices each at, and what each costs to compile and to run."""
+    print("\npinned: the plan with every argument pinned to an expert's spec; objective: "
+          "the cost model's price; seconds wall (cpu)")
+    print(f"{'layers':>6}{'pins':>15}{'objective ms':>14}{'plan':>14}{'compile':>14}"
+          f"{'step ms':>9}{'wsc':>6}")
+    for r in rows:
+        free = dict(objective_s=r["objective_s"], plan=r["plan"], compile=r["compile"],
+                    step_s=r["step_s"], constraints=r["constraints"])
+        for name, p in {"none": free, **r["pinned"]}.items():
+            print(f"{r['layers']:>6}{name:>15}{p['objective_s'] * 1e3:>14.2f}"
+                  f"{p['plan'].wall:>7.1f} ({p['plan'].cpu:>4.1f}){p['compile'].wall:>7.1f} "
+                  f"({p['compile'].cpu:>4.1f}){p['step_s'] * 1e3:>9.2f}{p['constraints']:>6}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", default="12,24,48")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--split", action="store_true",
                         help="also print the planner's stages and the CPU seconds of each part")
+    parser.add_argument("--pin-experts", default="",
+                        help="also plan with the arguments pinned to these experts' specs "
+                             "(comma-separated, e.g. fsdp,data_parallel)")
     parser.add_argument("--compare-all", action="store_true",
                         help="also compile the plan with a constraint on every result")
     args = parser.parse_args()
@@ -188,9 +225,10 @@ def main():
     print(f"GPT train step (zoo 'large' widths), mesh 2x4 on {jax.devices()[0].platform}, "
           f"priced on H100s; seconds, fastest of {args.repeat}")
     print(HEADER + (f"{'wsc*':>7}{'compile*':>9}{'auto* ms':>11}" if args.compare_all else ""))
+    pin_experts = [name for name in args.pin_experts.split(",") if name]
     rows = []
     for layers in (int(x) for x in args.layers.split(",")):
-        rows.append(run(layers, mesh, args.repeat, args.compare_all))
+        rows.append(run(layers, mesh, args.repeat, args.compare_all, pin_experts))
         print_row(rows[-1], args.compare_all)
     print("lower: trace + lower; ratio: (plan + lower + compile) / best expert's (lower + "
           "compile), in wall and CPU seconds; floor: the ratio with planning free; ms: "
@@ -198,6 +236,8 @@ def main():
           "auto program" + ("; *: a constraint on every result" if args.compare_all else ""))
     if args.split:
         print_split(rows)
+    if pin_experts:
+        print_pinned(rows)
 
 
 if __name__ == "__main__":
