@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import gc
 import os
 import re
 import time
@@ -17,7 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from autoshard import specs, validate
 from autoshard.accumulate import active_pipeline
-from autoshard.apply import Decision, propagation_gives
+from autoshard.apply import Decision, collection_paused, propagation_gives
 from autoshard.breakdown import cost_breakdown, memory_parts
 from autoshard.cache import PLANS, cache_dir, plan_key
 from autoshard.coarsen import coarsen
@@ -291,20 +289,6 @@ def donation_budget_error(graph, donated, budget: float, smallest_bytes: float,
         f"while each donated argument keeps its output's spec (donated: {shown}); plans "
         f"without that tie reach {smallest_bytes:.4g} bytes: raise the budget or leave "
         "those arguments undonated", budget, smallest_bytes)
-
-
-@contextlib.contextmanager
-def collection_paused():
-    """Python's cyclic garbage collector paused: planning makes many long-lived objects
-    (the jaxpr, the graph, strategies, cost terms) and next to no cyclic garbage, so
-    collections while it runs would only walk those objects again and again."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,

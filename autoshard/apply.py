@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import gc
 from typing import Mapping, Sequence
 
 import jax
@@ -63,6 +64,21 @@ def constraining_every_result():
         yield
     finally:
         _prune.pop()
+
+
+@contextlib.contextmanager
+def collection_paused():
+    """Python's cyclic garbage collector paused: planning and tracing a program make many
+    long-lived objects (the jaxpr, the graph, strategies, cost terms, tracers) and next to
+    no cyclic garbage, so collections while they run would only walk those objects again
+    and again."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def forward_spec(node, index: int, spec: Spec, out_shape) -> Spec | None:
@@ -243,7 +259,8 @@ def rewrite(closed_jaxpr, decisions: Mapping[tuple, Decision], mesh: Mesh):
     rewriter = Rewriter(decisions, mesh)
 
     def flat_fn(*flat_args):
-        return rewriter.run(closed_jaxpr.jaxpr, closed_jaxpr.consts, flat_args, ())
+        with collection_paused():   # jax.jit traces it: a tracer per equation
+            return rewriter.run(closed_jaxpr.jaxpr, closed_jaxpr.consts, flat_args, ())
     return flat_fn
 
 

@@ -1,12 +1,15 @@
 """apply constrains a result only where XLA's propagation could lay it out otherwise."""
 
+import contextlib
+import gc
+
 import jax
 import numpy as np
 import pytest
 
 import autoshard
 from autoshard import cli, models
-from autoshard.apply import constraining_every_result
+from autoshard.apply import collection_paused, constraining_every_result
 from autoshard.inspect import inspect
 
 
@@ -37,3 +40,48 @@ def test_pruned_constraints_keep_the_compiled_step(name, mesh_2d):
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
                                    rtol=case.rtol, atol=case.atol)
+
+
+def test_collection_paused_nests_and_restores():
+    enabled = gc.isenabled()
+    gc.enable()
+    try:
+        with collection_paused():
+            assert not gc.isenabled()
+            with collection_paused():
+                assert not gc.isenabled()
+            assert not gc.isenabled()        # the inner pause leaves the outer one be
+        assert gc.isenabled()
+        with pytest.raises(ValueError), collection_paused():
+            raise ValueError
+        assert gc.isenabled()
+        gc.disable()
+        with collection_paused():
+            pass
+        assert not gc.isenabled()            # a collector paused before stays paused
+    finally:
+        (gc.enable if enabled else gc.disable)()
+
+
+def test_tracing_the_plan_pauses_the_collector(mesh_2d, monkeypatch):
+    case = models.train_case("gpt", "tiny")
+    plan = autoshard.plan(case.train_step, *case.args, mesh=mesh_2d, cache=False,
+                          progress=False)
+
+    def collections() -> int:
+        """Collections the cyclic collector starts while jax.jit traces the plan."""
+        started = []
+        callback = lambda phase, info: phase == "start" and started.append(phase)  # noqa: E731
+        gc.collect()
+        gc.callbacks.append(callback)
+        try:
+            plan.jit(()).trace(*case.abstract_args())
+        finally:
+            gc.callbacks.remove(callback)
+        assert gc.isenabled()
+        return len(started)
+
+    assert gc.isenabled()
+    paused = collections()
+    monkeypatch.setattr(autoshard.apply, "collection_paused", contextlib.nullcontext)
+    assert paused < collections() / 2   # the re-interpreted equations run paused
