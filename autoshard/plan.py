@@ -140,10 +140,6 @@ def spec_from_json(obj) -> Spec | None:
     return None if obj is None else tuple(tuple(axes) for axes in obj)
 
 
-def key_to_json(key: tuple) -> list:
-    return list(key)
-
-
 class Plan:
     """A sharding plan for one program on one mesh.
 
@@ -365,7 +361,7 @@ class Plan:
                            "alternatives": [[spec_to_json(s), x] for s, x in a.alternatives]}
                           for a in self.arguments],
             "outputs": [spec_to_json(s) for s in self.out_specs],
-            "decisions": [{"key": key_to_json(k),
+            "decisions": [{"key": list(k),
                            "in": [spec_to_json(s) for s in d.in_specs],
                            "out": [spec_to_json(s) for s in d.out_specs]}
                           for k, d in self.decisions.items()],

@@ -167,9 +167,6 @@ class GraphBuilder:
             operand_weights=list(operand_weights or [weight] * len(operands)), label=label))
         return outs
 
-    def aval_of(self, value_id):
-        return self.values[value_id]
-
     # -- walking ---------------------------------------------------------------------------
     def walk(self, jaxpr, consts, in_values, key, weight) -> list[int | None]:
         env: dict = {}
@@ -194,8 +191,6 @@ class GraphBuilder:
         name = eqn.primitive.name
         if name in INLINED:
             inner, consts = split_closed(eqn.params[INLINED[name]])
-            if name == "custom_vjp_call" or name == "custom_jvp_call":
-                pass  # call_jaxpr takes exactly the eqn's operands
             return self.walk(inner, consts, ins, key + (name,), weight)
         if name == "scan":
             return self.scan(eqn, ins, key, weight)

@@ -90,11 +90,6 @@ class LabelMaker:
         return label if self.sizes[label] > 1 else None
 
 
-def replicated_rule(node: Node) -> Einsum:
-    operands = tuple((None,) * len(s) for s in node.operand_shapes)
-    return Einsum(operands, tuple(() for _ in node.outputs), {})
-
-
 def rule_for(node: Node, out_shapes) -> Einsum:
     rule = RULES.get(node.primitive)
     if rule is None:
