@@ -34,6 +34,8 @@ from typing import Any, Callable, Iterable, Sequence
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from autoshard.units import axis_sizes
+
 __all__ = [
     "BATCH", "DATA", "MODEL", "Rule", "compile_expert", "data_parallel", "expert_parallel",
     "fit_spec", "fsdp", "fsdp_tp", "inspect_expert", "jit_expert", "largest_dim_spec",
@@ -53,10 +55,6 @@ Rule = tuple[str, P]
 
 
 # --------------------------------------------------------------------------- specs
-
-
-def axis_sizes(mesh: Mesh) -> dict[str, int]:
-    return dict(zip(mesh.axis_names, mesh.devices.shape))
 
 
 def role_axes(mesh: Mesh, role: str) -> tuple[str, ...]:
