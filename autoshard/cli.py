@@ -307,7 +307,7 @@ def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | N
     info = start_backend(count)
     import jax
     import autoshard
-    import autoshard.inspect
+    import autoshard.hlo_report
     from autoshard import distributed, experts, models, train
 
     multi = jax.process_count() > 1
@@ -374,7 +374,7 @@ def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | N
     rows = [("auto", report.compiled)]
     for name in case.experts:
         compiled = experts.compile_expert(case, mesh, name, abstract_args)
-        rows.append((name, autoshard.inspect.inspect(compiled, hw, mesh)))
+        rows.append((name, autoshard.hlo_report.hlo_report(compiled, hw, mesh)))
     say(comparison_table(rows))
 
     t = say.stage(5, total, f"training {steps} steps on synthetic data"
@@ -504,11 +504,11 @@ def launch(
 
 def program_makers() -> dict:
     """The functions of ``autoshard.testing.programs`` that make a Program from defaults."""
-    import inspect as pyinspect
+    import inspect
     from autoshard.testing import programs
     makers = {name: getattr(programs, name) for name in programs.__all__}
     return {name: f for name, f in makers.items() if callable(f) and
-            pyinspect.signature(f).return_annotation in ("Program", programs.Program)}
+            inspect.signature(f).return_annotation in ("Program", programs.Program)}
 
 
 @app.command()

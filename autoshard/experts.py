@@ -18,7 +18,7 @@ Example::
     mesh = autoshard.make_mesh((2, 4), ("data", "model"))
     step = experts.jit_expert(case, mesh, "megatron")          # jax.jit with shardings
     compiled = experts.compile_expert(case, mesh, "fsdp")      # from abstract args
-    report = autoshard.inspect.inspect(compiled, autoshard.H100, mesh)
+    report = autoshard.hlo_report.hlo_report(compiled, autoshard.H100, mesh)
 
     rules = [(r"\\['(query|key|value)'\\]\\['kernel'\\]", P(None, experts.MODEL)),
              (r".*", P())]
@@ -299,10 +299,10 @@ def compile_expert(case, mesh: Mesh, name: str, args: tuple | None = None,
 
 
 def inspect_expert(case, mesh: Mesh, name: str, hardware=None, args: tuple | None = None):
-    """``autoshard.inspect.inspect`` of the compiled expert plan."""
+    """``autoshard.hlo_report.hlo_report`` of the compiled expert plan."""
     from autoshard.hardware import H100
-    from autoshard.inspect import inspect
-    return inspect(compile_expert(case, mesh, name, args), hardware or H100, mesh)
+    from autoshard.hlo_report import hlo_report
+    return hlo_report(compile_expert(case, mesh, name, args), hardware or H100, mesh)
 
 
 def jit_gpipe(case, mesh: Mesh, microbatches: int, stage_axis: str | None = None,

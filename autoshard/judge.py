@@ -1,7 +1,7 @@
 """judge: compile plans and price the compiled programs, the way a plan is judged.
 
 :func:`compare` compiles each candidate (a Plan, an expert's ``in_shardings``, a program
-already compiled) and prices its partitioned HLO with ``autoshard.inspect``;
+already compiled) and prices its partitioned HLO with ``autoshard.hlo_report``;
 :func:`what_if` plans one program on several mesh shapes. Both hand back views from
 ``autoshard.viz`` to print or plot.
 
@@ -24,7 +24,7 @@ from autoshard import validate
 from autoshard.api import plan as make_plan
 from autoshard.errors import AutoshardError, MeshError, PlanError
 from autoshard.hardware import H100
-from autoshard.inspect import Report, inspect
+from autoshard.hlo_report import Report, hlo_report
 from autoshard.mesh import make_mesh
 from autoshard.plan import Plan
 from autoshard.units import mesh_str
@@ -35,13 +35,13 @@ MESH_SHAPES_8 = ((1, 8), (2, 4), (4, 2), (8, 1))
 
 def compile_report(fn: Callable, args: Sequence, candidate, mesh: Mesh | None, hardware):
     """(compiled Report, predicted seconds or None) of a candidate: a Plan, an
-    in_shardings pytree, a ``jax.stages.Compiled`` or an ``autoshard.inspect.Report``."""
+    in_shardings pytree, a ``jax.stages.Compiled`` or an ``autoshard.hlo_report.Report``."""
     if isinstance(candidate, Plan):
         return candidate.report(*args).compiled, candidate.cost.total_s
     if isinstance(candidate, Report):
         return candidate, None
     if isinstance(candidate, jax.stages.Compiled):
-        return inspect(candidate, hardware, mesh), None
+        return hlo_report(candidate, hardware, mesh), None
     leaves = [x for x in jax.tree.leaves(candidate, is_leaf=is_sharding_leaf)
               if isinstance(x, NamedSharding)]
     if mesh is None:
@@ -54,7 +54,7 @@ def compile_report(fn: Callable, args: Sequence, candidate, mesh: Mesh | None, h
         compiled = jax.jit(fn, in_shardings=shardings).lower(*args).compile()
     except (ValueError, TypeError) as e:
         raise PlanError(f"compare: in_shardings do not fit the arguments: {e}") from None
-    return inspect(compiled, hardware, mesh), None
+    return hlo_report(compiled, hardware, mesh), None
 
 
 def compare(fn: Callable, *args, candidates: Mapping[str, Any], mesh: Mesh | None = None,
@@ -63,7 +63,7 @@ def compare(fn: Callable, *args, candidates: Mapping[str, Any], mesh: Mesh | Non
 
     ``candidates`` maps a name to a Plan, to an ``in_shardings`` pytree (an expert's
     plan), or to a program already compiled (``jax.stages.Compiled``) or priced
-    (``autoshard.inspect.Report``). Arguments may be abstract (``jax.ShapeDtypeStruct``):
+    (``autoshard.hlo_report.Report``). Arguments may be abstract (``jax.ShapeDtypeStruct``):
     nothing runs.
 
     Example::

@@ -256,9 +256,9 @@ class Plan:
 
     def report(self, *args, donate_argnums: Sequence[int] | None = None):
         """Compile the plan and put the prediction beside what XLA compiled."""
-        from autoshard.inspect import inspect
+        from autoshard.hlo_report import hlo_report
         compiled = self.jit(donate_argnums).lower(*args).compile()
-        return PlanReport(self, inspect(compiled, self.hardware, self.mesh))
+        return PlanReport(self, hlo_report(compiled, self.hardware, self.mesh))
 
     # -- views -------------------------------------------------------------------------
     def rows(self) -> list[dict]:
@@ -413,7 +413,7 @@ class PlanReport:
     """A plan's prediction beside its compiled program's figures."""
 
     plan: Plan
-    compiled: Any   # autoshard.inspect.Report
+    compiled: Any   # autoshard.hlo_report.Report
 
     def rows(self) -> list[tuple[str, float, float]]:
         p, c = self.plan.cost, self.compiled

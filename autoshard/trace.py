@@ -9,7 +9,7 @@ body equations become nodes (weighted by the trip count) joined to the outside t
 from __future__ import annotations
 
 import dataclasses
-import inspect as pyinspect
+import inspect
 import numbers
 import sys
 from typing import Any, Callable, Sequence
@@ -26,7 +26,7 @@ from autoshard.interpret import INLINED, split_closed
 
 def argument_names(fn: Callable, num_args: int) -> list[str]:
     try:
-        params = list(pyinspect.signature(fn).parameters.values())
+        params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         params = []
     names = []

@@ -554,10 +554,10 @@ class MemoryView(View):
     def __init__(self, plan: Plan, report=None,
                  categorize: Callable[[str, Sequence[str]], str] | None = None):
         self.plan = require_plan(plan, "viz.memory")
-        self.compiled = getattr(report, "compiled", report)   # PlanReport or inspect.Report
+        self.compiled = getattr(report, "compiled", report)   # PlanReport or hlo_report.Report
         if self.compiled is not None and not hasattr(self.compiled, "temp_bytes"):
             raise PlanError(f"viz.memory: report must be plan.report(*args) or an "
-                            f"autoshard.inspect.Report, got {type(report).__name__}")
+                            f"autoshard.hlo_report.Report, got {type(report).__name__}")
         if report is not None and getattr(report, "plan", plan) is not plan:
             raise PlanError("viz.memory: the report was made for another plan")
         self.categorize = categorize or argument_category

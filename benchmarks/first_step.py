@@ -7,11 +7,11 @@ For 12, 24 and 48 layers of the zoo's GPT (d_model 2048, 16 heads, d_ff 8192, vo
               with_sharding_constraint only where the plan needs one
   shardings   compiling jax.jit(train_step) with the plan's specs as in/out shardings only
   expert      compiling each expert plan (data parallel, FSDP, Megatron, FSDP x TP); the
-              best is the one whose compiled step autoshard.inspect prices fastest
+              best is the one whose compiled step autoshard.hlo_report prices fastest
 
 and the ratio (plan + compile) / (best expert's compile), the target being <= 1.10 at 24
 and 48 layers. Beside it, the compiled step time of the auto plan with the constraints
-pruned and with a constraint on every result (--compare-all), priced by autoshard.inspect:
+pruned and with a constraint on every result (--compare-all), priced by autoshard.hlo_report:
 pruning must not change it. Planning and compiling share the machine with nothing else
 in this process; each figure is the fastest of --repeat runs.
 
@@ -30,7 +30,7 @@ import jax  # noqa: E402
 
 import autoshard  # noqa: E402
 from autoshard import experts  # noqa: E402
-from autoshard.inspect import inspect  # noqa: E402
+from autoshard.hlo_report import hlo_report  # noqa: E402
 from autoshard.models import gpt  # noqa: E402
 
 HARDWARE = autoshard.H100
@@ -81,12 +81,12 @@ def run(layers: int, mesh, repeat: int, compare_all: bool) -> dict:
     auto, auto_s = fastest(lambda: plan.jit(case.donate_argnums).lower(*args).compile(), repeat)
     _, shard_s = fastest(lambda: shardings_only(case, plan).lower(*args).compile(), repeat)
     row = dict(layers=layers, plan_s=plan_s, compile_s=auto_s, shardings_s=shard_s,
-               constraints=constraints(plan), step_s=inspect(auto, HARDWARE, mesh).total_s)
+               constraints=constraints(plan), step_s=hlo_report(auto, HARDWARE, mesh).total_s)
     best = None
     for name in case.experts:
         compiled, compile_s = fastest(lambda: experts.compile_expert(case, mesh, name, args),
                                       repeat)
-        step_s = inspect(compiled, HARDWARE, mesh).total_s
+        step_s = hlo_report(compiled, HARDWARE, mesh).total_s
         row[f"{name}_compile_s"], row[f"{name}_step_s"] = compile_s, step_s
         if best is None or step_s < row[f"{best}_step_s"]:
             best = name
@@ -96,7 +96,7 @@ def run(layers: int, mesh, repeat: int, compare_all: bool) -> dict:
         full = every_result_constrained(plan, case)
         compiled, full_s = seconds(lambda: full.jit(case.donate_argnums).lower(*args).compile())
         row.update(all_constraints=constraints(full), all_compile_s=full_s,
-                   all_step_s=inspect(compiled, HARDWARE, mesh).total_s)
+                   all_step_s=hlo_report(compiled, HARDWARE, mesh).total_s)
     return row
 
 
@@ -129,7 +129,7 @@ def main():
     for layers in (int(x) for x in args.layers.split(",")):
         print_row(run(layers, mesh, args.repeat, args.compare_all), args.compare_all)
     print("ratio: (plan + compile) / best expert's compile; ms: compiled step time "
-          "(autoshard.inspect); wsc: with_sharding_constraints in the auto program"
+          "(autoshard.hlo_report); wsc: with_sharding_constraints in the auto program"
           + ("; *: a constraint on every result" if args.compare_all else ""))
 
 

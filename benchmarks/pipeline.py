@@ -4,7 +4,7 @@ Part 1 (``--part gpt``): a GPT train step (scanned layers, Adam, bf16) on 16 sim
 devices as two nodes, mesh 2x8 whose first axis crosses nodes (4e10 B/s against 3.6e11
 inside a node). The auto plan with a pipeline allowed (``pipeline="auto"``,
 ``microbatches="auto"``) is compiled beside every expert plan (data parallel, FSDP,
-Megatron, FSDP x TP) and each compiled program is priced by ``autoshard.inspect`` with
+Megatron, FSDP x TP) and each compiled program is priced by ``autoshard.hlo_report`` with
 the same hardware. It prints the compute-only bound, the bubble, the stage transfers and
 where the rest goes.
 
@@ -39,7 +39,7 @@ def gpt_part(args) -> None:
     import jax
     import autoshard
     from autoshard import experts
-    from autoshard.inspect import inspect
+    from autoshard.hlo_report import hlo_report
     from autoshard.models import gpt
 
     cfg = gpt.GPTConfig(vocab=32000, seq=args.seq, d_model=args.d_model, heads=16,
@@ -54,10 +54,10 @@ def gpt_part(args) -> None:
     rows = []
     for name in case.experts:
         started = time.perf_counter()
-        report = inspect(experts.compile_expert(case, mesh, name), hw, mesh)
+        report = hlo_report(experts.compile_expert(case, mesh, name), hw, mesh)
         rows.append((name, report, time.perf_counter() - started))
     started = time.perf_counter()
-    gpipe = inspect(experts.jit_gpipe(case, mesh, microbatches=4).lower(*case.args).compile(),
+    gpipe = hlo_report(experts.jit_gpipe(case, mesh, microbatches=4).lower(*case.args).compile(),
                     hw, mesh)
     hand = [("gpipe (hand, M=4)", gpipe, time.perf_counter() - started)]
     started = time.perf_counter()
@@ -65,7 +65,7 @@ def gpt_part(args) -> None:
                           donate_argnums=case.donate_argnums, pipeline="auto",
                           microbatches="auto", progress=False)
     plan_s = time.perf_counter() - started
-    auto = inspect(plan.jit().lower(*case.args).compile(), hw, mesh)
+    auto = hlo_report(plan.jit().lower(*case.args).compile(), hw, mesh)
     print(f"\n{'plan':16}{'step ms':>10}{'compute ms':>12}{'comm ms':>10}{'memory GB':>11}"
           f"{'fits':>6}")
     for name, report, _ in rows + hand + [("auto", auto, plan_s)]:

@@ -7,7 +7,7 @@ import pytest
 import autoshard
 from autoshard import cli, models
 from autoshard.apply import constraining_every_result
-from autoshard.inspect import inspect
+from autoshard.hlo_report import hlo_report
 
 
 def constraint_count(plan) -> int:
@@ -29,7 +29,7 @@ def test_pruned_constraints_keep_the_compiled_step(name, mesh_2d):
     assert pruned.cost.total_s == pytest.approx(full.cost.total_s, rel=1e-9)
     assert constraint_count(pruned) < 0.5 * constraint_count(full)
     args = case.abstract_args()
-    step = [inspect(p.jit(()).lower(*args).compile(), hw, mesh_2d) for p in (pruned, full)]
+    step = [hlo_report(p.jit(()).lower(*args).compile(), hw, mesh_2d) for p in (pruned, full)]
     assert step[0].total_s == pytest.approx(step[1].total_s, rel=1e-6)
     assert step[0].count() == step[1].count()         # the same collectives
     got = jax.device_get(pruned.jit(())(*case.args))

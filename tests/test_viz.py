@@ -325,7 +325,7 @@ def test_command_line_saves_figures(tmp_path, capsys):
 
 
 def test_scoreboard_ratios_against_the_fastest_other_plan():
-    from autoshard.inspect import Report
+    from autoshard.hlo_report import Report
 
     def report(total_s, memory_bytes):
         return Report(flops=0, bytes_accessed=0, compute_s=total_s / 2, comm_s=total_s / 2,
