@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import re
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -23,13 +22,14 @@ from autoshard.cost import (TIEBREAK_SECONDS_PER_BYTE, CostGraph, build_cost_gra
                             operand_reshard_seconds)
 from autoshard.errors import MemoryBudgetError, PinError
 from autoshard.hardware import Hardware, default_hardware
-from autoshard.mesh import as_auto_mesh, axis_sizes
-from autoshard.plan import ArgumentInfo, Plan, PlanCost, program_fingerprint
+from autoshard.mesh import as_auto_mesh
+from autoshard.plan import ArgumentInfo, Plan, PlanCost, PlannedProgram, program_fingerprint
 from autoshard.pipeline import constraint_pins
 from autoshard.progress import PlanProgress
 from autoshard.solve import InfeasibleBudget, Request, evaluate, shared_edge_marks, solve
 from autoshard.strategies import build_strategies
 from autoshard.trace import build_graph, hold_static_leaves, trace_program
+from autoshard.units import axis_sizes
 
 ALTERNATIVES_SHOWN = 4
 
@@ -385,7 +385,7 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
 def cached_plan(found: tuple[str, str], mesh: Mesh, program, started: float) -> Plan:
     text, where = found
     plan_ = Plan.from_json(text, mesh)
-    plan_._program = (program.closed_jaxpr, program.in_tree, program.out_tree)
+    plan_._program = PlannedProgram(program.closed_jaxpr, program.in_tree, program.out_tree)
     plan_.solver.update(cache=where, plan_s=time.perf_counter() - started)
     return plan_
 
@@ -457,7 +457,7 @@ def solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s,
                  cost=plan_cost(cg, choice, chosen, reshards, result.memory_bytes),
                  fingerprint=fingerprint, memory_budget=budget,
                  donate_argnums=tuple(donate_argnums),
-                 program=(graph.closed_jaxpr, graph.in_tree, graph.out_tree),
+                 program=PlannedProgram(graph.closed_jaxpr, graph.in_tree, graph.out_tree),
                  breakdown=cost_breakdown(cg, chosen, reshards),
                  memory_parts=memory_parts(cg, choice, result.memory_bytes))
     plan_.solver.update({

@@ -22,13 +22,13 @@ from jax import lax
 from jax.extend.core import Literal
 from jax.sharding import Mesh, NamedSharding
 
+from autoshard import interpret as ik
 from autoshard import specs
+from autoshard.interpret import INLINED, REMAT, split_closed
 from autoshard.specs import Spec
 from autoshard.rules.elementwise import BINARY, NARY, UNARY
-from autoshard.trace import (INLINED, has_static_leaves, hold_static_leaves,
-                             release_static_leaves, split_closed)
+from autoshard.trace import has_static_leaves, hold_static_leaves, release_static_leaves
 
-REMAT = ("checkpoint", "remat2", "remat")
 ELEMENTWISE = frozenset(UNARY + BINARY + NARY) - {"optimization_barrier", "sharding_constraint"}
 
 
@@ -157,7 +157,7 @@ class Rewriter:
             return atom.val if isinstance(atom, Literal) else env[atom]
 
         for i, eqn in enumerate(jaxpr.eqns):
-            outs = self.eqn(eqn, [read(v) for v in eqn.invars], key + (i,))
+            outs = self.eqn(eqn, [read(v) for v in eqn.invars], ik.eqn_key(key, i))
             for var, value in zip(eqn.outvars, outs):
                 env[var] = value
         return [read(v) for v in jaxpr.outvars]
@@ -166,17 +166,13 @@ class Rewriter:
         name = eqn.primitive.name
         if name in INLINED:
             inner, consts = split_closed(eqn.params[INLINED[name]])
-            body = lambda *a: self.run(inner, consts, a, key + (name,))  # noqa: E731
+            body = lambda *a: self.run(inner, consts, a, ik.inlined_key(key, name))  # noqa: E731
             if name in REMAT:
                 body = jax.checkpoint(body, prevent_cse=eqn.params.get("prevent_cse", True),
                                       policy=eqn.params.get("policy"))
             return list(body(*ins))
-        if name == "scan":
-            return self.scan(eqn, ins, key)
-        if name == "while":
-            return self.while_loop(eqn, ins, key)
-        if name == "cond":
-            return self.cond(eqn, ins, key)
+        if name in CONTROL_FLOW_RULES:
+            return CONTROL_FLOW_RULES[name](self, eqn, ins, key)
         decision = self.decision(key)
         ins = self.constrain_all(ins, decision.in_specs)
         outs = eqn.primitive.bind(*ins, **eqn.params)
@@ -194,64 +190,73 @@ class Rewriter:
         spec_list = decision.out_specs if which == "out" else decision.in_specs
         return self.constrain(x, spec_list[0] if spec_list else None)
 
+    def seams(self, key_of, xs, which="out") -> list:
+        """Each of ``xs`` constrained at its seam ``key_of(k)``."""
+        return [self.seam(key_of(k), x, which) for k, x in enumerate(xs)]
+
     def scan(self, eqn, ins, key) -> list:
         p = eqn.params
         body, body_consts = split_closed(p["jaxpr"])
-        nc, ncarry = p["num_consts"], p["num_carry"]
-        consts = [self.seam(key + ("const", k), x) for k, x in enumerate(ins[:nc])]
-        init = [self.seam(key + ("carry", k), x) for k, x in enumerate(ins[nc:nc + ncarry])]
-        xs = [self.seam(key + ("xs", k), x, "in") for k, x in enumerate(ins[nc + ncarry:])]
+        ops = ik.scan_operands(p, ins)
+        ncarry = len(ops.carry)
 
-        def step(carry, x):
-            carry = [self.seam(key + ("carry", k), c) for k, c in enumerate(carry)]
-            x = [self.seam(key + ("xs", k), v) for k, v in enumerate(x)]
-            outs = self.run(body, body_consts, [*consts, *carry, *x], key + ("body",))
-            new_carry = [self.seam(key + ("carry", k), c) for k, c in enumerate(outs[:ncarry])]
-            ys = [self.seam(key + ("ys", k), y, "in") for k, y in enumerate(outs[ncarry:])]
-            return new_carry, ys
+        carry, xs, ys = (functools.partial(f, key) for f in (ik.carry_key, ik.xs_key, ik.ys_key))
+        consts = self.seams(functools.partial(ik.const_key, key), ops.consts)
+        init = self.seams(carry, ops.carry)
+        stacked = self.seams(xs, ops.xs, "in")
 
-        final, ys = lax.scan(step, init, xs, length=p["length"], reverse=p["reverse"],
-                             unroll=p["unroll"])
-        final = [self.seam(key + ("carry", k), c) for k, c in enumerate(final)]
-        ys = [self.seam(key + ("ys", k), y) for k, y in enumerate(ys)]
-        return [*final, *ys]
+        def step(state, x):
+            state = self.seams(carry, state)
+            outs = self.run(body, body_consts, [*consts, *state, *self.seams(xs, x)],
+                            ik.body_key(key))
+            return self.seams(carry, outs[:ncarry]), self.seams(ys, outs[ncarry:], "in")
+
+        final, out_ys = lax.scan(step, init, stacked, length=p["length"],
+                                 reverse=p["reverse"], unroll=p["unroll"])
+        return [*self.seams(carry, final), *self.seams(ys, out_ys)]
 
     def while_loop(self, eqn, ins, key) -> list:
         p = eqn.params
         cond, cond_consts_closed = split_closed(p["cond_jaxpr"])
         body, body_consts_closed = split_closed(p["body_jaxpr"])
-        cn, bn = p["cond_nconsts"], p["body_nconsts"]
-        cond_consts = ins[:cn]
-        body_consts = [self.seam(key + ("const", k), x) for k, x in enumerate(ins[cn:cn + bn])]
-        init = [self.seam(key + ("carry", k), x) for k, x in enumerate(ins[cn + bn:])]
+        ops = ik.while_operands(p, ins)
 
-        def cond_fun(carry):
-            (out,) = jax.core.eval_jaxpr(cond, cond_consts_closed, *cond_consts, *carry)
+        carry = functools.partial(ik.carry_key, key)
+        body_consts = self.seams(functools.partial(ik.const_key, key), ops.consts)
+        init = self.seams(carry, ops.carry)
+
+        def cond_fun(state):
+            (out,) = jax.core.eval_jaxpr(cond, cond_consts_closed, *ops.cond_consts, *state)
             return out
 
-        def body_fun(carry):
-            carry = [self.seam(key + ("carry", k), c) for k, c in enumerate(carry)]
-            outs = self.run(body, body_consts_closed, [*body_consts, *carry], key + ("body",))
-            return [self.seam(key + ("carry", k), c) for k, c in enumerate(outs)]
+        def body_fun(state):
+            state = self.seams(carry, state)
+            outs = self.run(body, body_consts_closed, [*body_consts, *state], ik.body_key(key))
+            return self.seams(carry, outs)
 
-        final = lax.while_loop(cond_fun, body_fun, init)
-        return [self.seam(key + ("carry", k), c) for k, c in enumerate(final)]
+        return self.seams(carry, lax.while_loop(cond_fun, body_fun, init))
 
     def cond(self, eqn, ins, key) -> list:
-        index, ops = ins[0], ins[1:]
-        ops = [self.seam(key + ("in", k), x) for k, x in enumerate(ops)]
+        index, ops = ik.cond_operands(ins)
+
+        out = functools.partial(ik.branch_out_key, key)
+        ops = self.seams(functools.partial(ik.branch_in_key, key), ops)
 
         def branch_fn(b, branch):
             inner, consts = split_closed(branch)
 
             def fn(*operands):
-                outs = self.run(inner, consts, operands, key + (f"branch{b}",))
-                return [self.seam(key + ("out", k), o) for k, o in enumerate(outs)]
+                return self.seams(out, self.run(inner, consts, operands, ik.branch_key(key, b)))
             return fn
 
         branches = [branch_fn(b, br) for b, br in enumerate(eqn.params["branches"])]
-        outs = lax.switch(index, branches, *ops)
-        return [self.seam(key + ("out", k), o) for k, o in enumerate(outs)]
+        return self.seams(out, lax.switch(index, branches, *ops))
+
+
+# apply's rule per control-flow primitive (interpret.CONTROL_FLOW).
+CONTROL_FLOW_RULES = {"scan": Rewriter.scan, "while": Rewriter.while_loop,
+                      "cond": Rewriter.cond}
+assert set(CONTROL_FLOW_RULES) == set(ik.CONTROL_FLOW)
 
 
 def rewrite(closed_jaxpr, decisions: Mapping[tuple, Decision], mesh: Mesh):

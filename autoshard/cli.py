@@ -32,6 +32,7 @@ from typing import Optional
 import typer
 
 from autoshard.launch import ZOO_DEFAULT_MESH
+from autoshard.units import format_bytes
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="autoshard: automatic sharding for JAX programs.")
@@ -183,11 +184,16 @@ def checkpoint_start(checkpoint_dir: Path | None, resume: bool) -> int | None:
     return latest
 
 
-def simulate_devices(count: int) -> None:
-    """Ask for ``count`` CPU devices; must run before JAX's backend starts."""
+def request_cpu_devices(count: int) -> None:
+    """Ask XLA for ``count`` CPU devices (heeded if JAX's backend has not started yet)."""
     flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "",
                    os.environ.get("XLA_FLAGS", ""))
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
+
+
+def simulate_devices(count: int) -> None:
+    """Ask for ``count`` CPU devices; must run before JAX's backend starts."""
+    request_cpu_devices(count)
     import jax
     jax.config.update("jax_num_cpu_devices", count)
 
@@ -195,26 +201,20 @@ def simulate_devices(count: int) -> None:
 # --------------------------------------------------------------------------- views
 
 
-_quiet = False      # set on processes other than 0 of a multi-process run
+@dataclasses.dataclass(frozen=True)
+class Say:
+    """Prints a run's lines on process 0 only (every process of a single-process run);
+    ``quiet`` on the other processes of a multi-process run."""
 
+    quiet: bool = False
 
-def say(text: str) -> None:
-    """Print, on process 0 only (every process of a single-process run)."""
-    if not _quiet:
-        typer.echo(text)
+    def __call__(self, text: str) -> None:
+        if not self.quiet:
+            typer.echo(text)
 
-
-def stage(index: int, total: int, text: str) -> float:
-    say(f"[{index}/{total}] {text}")
-    return time.perf_counter()
-
-
-def human_bytes(num_bytes: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(num_bytes) < 1024:
-            return f"{num_bytes:.1f} {unit}"
-        num_bytes /= 1024
-    return f"{num_bytes:.1f} TiB"
+    def stage(self, index: int, total: int, text: str) -> float:
+        self(f"[{index}/{total}] {text}")
+        return time.perf_counter()
 
 
 def comparison_table(rows: list[tuple[str, object]]) -> str:
@@ -225,7 +225,7 @@ def comparison_table(rows: list[tuple[str, object]]) -> str:
     for name, report in rows:
         ratio = auto.total_s / report.total_s if report.total_s else float("nan")
         lines.append(f"{name:<16}{report.total_s * 1e6:>12.2f}{report.comm_s * 1e6:>12.2f}"
-                     f"{human_bytes(report.memory_bytes):>16}{report.count():>13}"
+                     f"{format_bytes(report.memory_bytes):>16}{report.count():>13}"
                      f"{ratio:>11.2f}")
     return "\n".join(lines)
 
@@ -290,7 +290,6 @@ def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | N
             checkpoint_every: int = 0, resume: bool = False,
             microbatches: str | None = None, pipeline: str | None = None,
             full: bool = False) -> None:
-    global _quiet
     shape, names = parse_mesh(mesh_text, axes)
     count = math.prod(shape)
     budget = parse_bytes(memory_budget) if memory_budget else None
@@ -308,11 +307,11 @@ def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | N
     info = start_backend(count)
     import jax
     import autoshard
-    import autoshard.inspect
+    import autoshard.hlo_report
     from autoshard import distributed, experts, models, train
 
     multi = jax.process_count() > 1
-    _quiet = not info.is_primary
+    say = Say(quiet=not info.is_primary)
     if len(jax.devices()) != count:
         raise CliError(f"mesh {mesh_text} needs {count} devices; {jax.devices()[0].platform} "
                        f"has {len(jax.devices())}"
@@ -325,7 +324,7 @@ def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | N
         typer.echo(f"process {info.process_id}/{info.num_processes}: "
                    f"{jax.local_device_count()} local of {jax.device_count()} devices")
     total = 6
-    t = stage(1, total, f"building {model}/{size} (seed {seed})")
+    t = say.stage(1, total, f"building {model}/{size} (seed {seed})")
     case = entry.train_case(size, seed=seed)
     say(f"      {len(jax.tree.leaves(case.state))} state arrays, mesh "
         f"{dict(zip(names, shape))} on {jax.devices()[0].platform}"
@@ -334,7 +333,7 @@ def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | N
     say(f"      priced on {hardware_phrase(hardware, mesh)}")
 
     pins = case.annotation_pins(mesh) if case.annotations else {}
-    t = stage(2, total, "planning (trace, cost, solve)"
+    t = say.stage(2, total, "planning (trace, cost, solve)"
               + (" with the model's annotations pinned" if respect_annotations and pins else "")
               + (", agreed across processes" if multi else ""))
     plan_kwargs = dict(mesh=mesh, hardware=hw, memory_budget=budget,
@@ -366,19 +365,19 @@ def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | N
         save_plan.write_text(plan.to_json())
         say(f"plan saved to {save_plan}")
 
-    t = stage(3, total, "compiling the plan: predicted vs compiled (per device)")
+    t = say.stage(3, total, "compiling the plan: predicted vs compiled (per device)")
     abstract_args = case.abstract_args()
     report = plan.report(*abstract_args)
     say(str(report))
 
-    t = stage(4, total, f"compiling expert plans: {', '.join(case.experts)}")
+    t = say.stage(4, total, f"compiling expert plans: {', '.join(case.experts)}")
     rows = [("auto", report.compiled)]
     for name in case.experts:
         compiled = experts.compile_expert(case, mesh, name, abstract_args)
-        rows.append((name, autoshard.inspect.inspect(compiled, hw, mesh)))
+        rows.append((name, autoshard.hlo_report.hlo_report(compiled, hw, mesh)))
     say(comparison_table(rows))
 
-    t = stage(5, total, f"training {steps} steps on synthetic data"
+    t = say.stage(5, total, f"training {steps} steps on synthetic data"
               + (f", checkpoints every {checkpoint_every} in {checkpoint_dir}"
                  if checkpoint_every else ""))
     if resume and latest is None:
@@ -408,7 +407,7 @@ def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | N
     elif resume and latest is not None:
         say(f"      nothing to run: the checkpoint is at step {latest}, --steps {steps}")
 
-    stage(6, total, f"numerics of step 0 vs one device (rtol {case.rtol:g}, "
+    say.stage(6, total, f"numerics of step 0 vs one device (rtol {case.rtol:g}, "
                     f"atol {case.atol:g})")
     if multi:
         say("      skipped: a multi-process run has no single-device reference")
@@ -501,6 +500,44 @@ def launch(
                        "-- autoshard zoo gpt --mesh 2x4")
     return launcher.launch(command, num_processes, devices_per_process=devices_per_process,
                            platform=platform or None, port=port, timeout_s=timeout)
+
+
+def program_makers() -> dict:
+    """The functions of ``autoshard.testing.programs`` that make a Program from defaults."""
+    import inspect
+    from autoshard.testing import programs
+    makers = {name: getattr(programs, name) for name in programs.__all__}
+    return {name: f for name, f in makers.items() if callable(f) and
+            inspect.signature(f).return_annotation in ("Program", programs.Program)}
+
+
+@app.command()
+def view(
+    program: str = typer.Argument("transformer_train_step",
+                                  help="a function of autoshard.testing.programs"),
+    mesh: str = typer.Option("2x4", help="mesh shape, e.g. 2x4 (data x model)"),
+    axes: Optional[str] = typer.Option(None, help="mesh axis names, e.g. data,model"),
+    out: Optional[Path] = typer.Option(None, help="folder to save PNG figures into"),
+):
+    """Plan a test program and print its table, cost breakdown and memory; with --out,
+    save the figures. Same as python -m autoshard.viz."""
+    shape, names = parse_mesh(mesh, axes)
+    request_cpu_devices(max(8, math.prod(shape)))
+    makers = program_makers()
+    if program not in makers:
+        raise CliError(f"no program {program!r}; try one of {', '.join(makers)}")
+    made = makers[program]()
+    import autoshard
+    from autoshard import viz
+    plan = autoshard.plan(made.fn, *made.args, mesh=autoshard.make_mesh(shape, names))
+    views = {"table": viz.table(plan), "breakdown": viz.breakdown(plan),
+             "memory": viz.memory(plan)}
+    for shown in views.values():
+        typer.echo(shown.text(TABLE_WIDTH))
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        for name in ("breakdown", "memory"):
+            views[name].plot().savefig(out / f"{name}.png", dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:

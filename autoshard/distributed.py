@@ -191,7 +191,21 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
 
 # -- agreement between processes ----------------------------------------------------------
 
-_call_counter = itertools.count()
+class KeySequence:
+    """Names the coordination service's keys. Every process makes the same calls in the
+    same order, so the n-th call's key is the same on every process; a new run (a new
+    coordination client) numbers from 0 again."""
+
+    def __init__(self):
+        self._client, self._calls = None, itertools.count()
+
+    def key(self, client, *parts: str) -> str:
+        if client is not self._client:
+            self._client, self._calls = client, itertools.count()
+        return "/".join((KV_PREFIX, *parts, str(next(self._calls))))
+
+
+KEYS = KeySequence()    # this process's calls to exchange and barrier
 
 
 def plan_hash(plan) -> str:
@@ -306,7 +320,7 @@ def exchange(name: str, value: str, *, timeout_s: float = 60.0) -> list[str]:
     client = _client()
     if client is None or info.num_processes == 1:
         return [value]
-    key = f"{KV_PREFIX}/{name}/{next(_call_counter)}"
+    key = KEYS.key(client, name)
     client.key_value_set(f"{key}/{info.process_id}", value)
     values = []
     for pid in range(info.num_processes):
@@ -412,12 +426,12 @@ def carried_pins(first_plan, argnum: int = 0, outnum: int = 0) -> dict:
 
 def _arg_indices(result, argnum: int):
     """Argument ``argnum``'s pytree with each leaf replaced by its flat argument index."""
-    tree = result._require_program("argument tree")[1]
+    tree = result.require_program("argument tree").in_tree
     return jax.tree_util.tree_unflatten(tree, list(range(len(result.arguments))))[argnum]
 
 
 def _out_indices(result, outnum: int):
-    tree = result._require_program("output tree")[2]
+    tree = result.require_program("output tree").out_tree
     return jax.tree_util.tree_unflatten(tree, list(range(len(result.out_specs))))[outnum]
 
 
@@ -571,7 +585,7 @@ def barrier(name: str, *, timeout_s: float = 300.0) -> None:
     client = _client()
     if client is None or process_info().num_processes == 1:
         return
-    key = f"{KV_PREFIX}/barrier/{name}/{next(_call_counter)}"
+    key = KEYS.key(client, "barrier", name)
     try:
         client.wait_at_barrier(key, int(timeout_s * 1000))
     except Exception as e:

@@ -18,7 +18,7 @@ Example::
     mesh = autoshard.make_mesh((2, 4), ("data", "model"))
     step = experts.jit_expert(case, mesh, "megatron")          # jax.jit with shardings
     compiled = experts.compile_expert(case, mesh, "fsdp")      # from abstract args
-    report = autoshard.inspect.inspect(compiled, autoshard.H100, mesh)
+    report = autoshard.hlo_report.hlo_report(compiled, autoshard.H100, mesh)
 
     rules = [(r"\\['(query|key|value)'\\]\\['kernel'\\]", P(None, experts.MODEL)),
              (r".*", P())]
@@ -36,6 +36,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from autoshard.units import axis_sizes
 
 __all__ = [
     "BATCH", "DATA", "MODEL", "Expert", "Rule", "compile_expert", "constrain",
@@ -57,10 +59,6 @@ Rule = tuple[str, P]
 
 
 # --------------------------------------------------------------------------- specs
-
-
-def axis_sizes(mesh: Mesh) -> dict[str, int]:
-    return dict(zip(mesh.axis_names, mesh.devices.shape))
 
 
 def role_axes(mesh: Mesh, role: str) -> tuple[str, ...]:
@@ -446,10 +444,10 @@ def compile_expert(case, mesh: Mesh, name: str, args: tuple | None = None,
 
 
 def inspect_expert(case, mesh: Mesh, name: str, hardware=None, args: tuple | None = None):
-    """``autoshard.inspect.inspect`` of the compiled expert plan."""
+    """``autoshard.hlo_report.hlo_report`` of the compiled expert plan."""
     from autoshard.hardware import H100
-    from autoshard.inspect import inspect
-    return inspect(compile_expert(case, mesh, name, args), hardware or H100, mesh)
+    from autoshard.hlo_report import hlo_report
+    return hlo_report(compile_expert(case, mesh, name, args), hardware or H100, mesh)
 
 
 def jit_gpipe(case, mesh: Mesh, microbatches: int, stage_axis: str | None = None,

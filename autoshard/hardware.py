@@ -1,7 +1,7 @@
 """Per-device hardware model: roofline compute and alpha-beta collectives per mesh axis.
 
 The same functions price the planner's choices (``cost``) and the compiled program
-(``inspect``), so a prediction and a measurement differ only in what they count.
+(``hlo_report``), so a prediction and a measurement differ only in what they count.
 """
 
 from __future__ import annotations

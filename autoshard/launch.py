@@ -12,7 +12,6 @@ are terminated and the launcher exits with the failing process's code.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import os
@@ -262,37 +261,6 @@ def _wait(children: Sequence[Child], timeout_s: float | None, out, lock) -> int:
         return 130
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m autoshard.launch",
-        description="Run a command as N processes of one jax.distributed run on this machine.")
-    p.add_argument("-n", "--num-processes", type=int, required=True)
-    p.add_argument("--devices-per-process", type=int, default=None,
-                   help="simulated CPU devices per process (default for autoshard zoo: "
-                        "the mesh size / N)")
-    p.add_argument("--platform", default="cpu",
-                   help="JAX_PLATFORMS for the processes ('cpu'; '' leaves it unset)")
-    p.add_argument("--port", type=int, default=None, help="coordinator port (default: a free one)")
-    p.add_argument("--timeout", type=float, default=None, help="seconds before terminating all")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
-    if not command:
-        parser().error("give the command to run after --")
-    from autoshard.errors import LaunchError
-    try:
-        return launch(command, args.num_processes, devices_per_process=args.devices_per_process,
-                      platform=args.platform or None, port=args.port, timeout_s=args.timeout)
-    except LaunchError as e:
-        print(f"autoshard.launch: error: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":      # python -m autoshard.launch: the command ``autoshard launch``
+    from autoshard.cli import main
+    sys.exit(main(["launch", *sys.argv[1:]]))

@@ -49,6 +49,3 @@ def as_auto_mesh(mesh) -> Mesh:
         "autoshard.make_mesh to silence this.", stacklevel=3)
     return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
 
-
-def axis_sizes(mesh: Mesh) -> dict[str, int]:
-    return dict(zip(mesh.axis_names, mesh.devices.shape))

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
-import io
 import json
 import re
 from typing import Any, Mapping, Sequence
@@ -27,6 +26,7 @@ from autoshard.errors import AutoshardError, MeshError, PlanError
 from autoshard.hardware import Hardware
 from autoshard.specs import Spec
 from autoshard.trace import static_as_none
+from autoshard.units import axis_sizes, format_bytes
 
 FORMAT_VERSION = 1
 
@@ -140,8 +140,14 @@ def spec_from_json(obj) -> Spec | None:
     return None if obj is None else tuple(tuple(axes) for axes in obj)
 
 
-def key_to_json(key: tuple) -> list:
-    return list(key)
+@dataclasses.dataclass(frozen=True)
+class PlannedProgram:
+    """The program a plan runs: its closed jaxpr (flat arguments in, flat results out) and
+    the pytree structures of its arguments and results."""
+
+    closed_jaxpr: Any
+    in_tree: Any
+    out_tree: Any
 
 
 class Plan:
@@ -157,7 +163,7 @@ class Plan:
     def __init__(self, *, mesh: Mesh, hardware: Hardware, arguments: Sequence[ArgumentInfo],
                  out_specs: Sequence[Spec], decisions: Mapping[tuple, Decision], cost: PlanCost,
                  fingerprint: str, memory_budget: float | None = None, donate_argnums=(),
-                 program=None, solver: Mapping[str, Any] | None = None,
+                 program: PlannedProgram | None = None, solver: Mapping[str, Any] | None = None,
                  breakdown: Sequence[CostItem] = (),
                  memory_parts: Mapping[str, float] | None = None):
         self.mesh = mesh
@@ -170,7 +176,7 @@ class Plan:
         self.memory_budget = memory_budget
         self.donate_argnums = tuple(donate_argnums)
         self.solver = dict(solver or {})
-        self._program = program   # (closed_jaxpr, in_tree, out_tree) when planned here
+        self._program: PlannedProgram | None = program   # when planned or bound here
         self.breakdown = tuple(breakdown)          # CostItem per (group, layer)
         self.memory_parts = dict(memory_parts or {})  # arguments/outputs/temporaries bytes
         self.microbatching = None   # accumulate.Microbatching when planned with microbatches
@@ -193,18 +199,20 @@ class Plan:
     def in_shardings(self):
         """Pytree of NamedSharding matching the arguments (None at the static leaves of
         equinox modules)."""
-        tree = self._require_program("in_shardings")[1]
+        tree = self.require_program("in_shardings").in_tree
         return static_as_none(
             jax.tree_util.tree_unflatten(tree, [self._sharding(s) for s in self.in_specs]))
 
     @property
     def out_shardings(self):
         """Pytree of NamedSharding matching the outputs."""
-        tree = self._require_program("out_shardings")[2]
+        tree = self.require_program("out_shardings").out_tree
         return static_as_none(
             jax.tree_util.tree_unflatten(tree, [self._sharding(s) for s in self.out_specs]))
 
-    def _require_program(self, what: str):
+    def require_program(self, what: str) -> PlannedProgram:
+        """The program the plan runs; ``what`` names the caller in the error raised on a
+        plan loaded from JSON and not bound."""
         if self._program is None:
             raise PlanError(f"{what} needs the program: call plan.bind(fn, *args) on a plan "
                             "loaded from JSON")
@@ -232,12 +240,13 @@ class Plan:
         if found != self.fingerprint:
             raise PlanError(f"program fingerprint {found} differs from the plan's "
                             f"{self.fingerprint}: the plan was made for another program")
-        self._program = (closed, in_tree, jax.tree_util.tree_structure(out_shapes))
+        self._program = PlannedProgram(closed, in_tree, jax.tree_util.tree_structure(out_shapes))
         return self
 
     def jit(self, donate_argnums: Sequence[int] | None = None):
         """jax.jit of the rewritten function with the plan's in/out shardings."""
-        closed, in_tree, out_tree = self._require_program("jit")
+        program = self.require_program("jit")
+        closed, in_tree, out_tree = program.closed_jaxpr, program.in_tree, program.out_tree
         donate = self.donate_argnums if donate_argnums is None else validate.argnums(
             "donate_argnums", donate_argnums, len(in_tree.children()))
         arguments = self.arguments
@@ -247,13 +256,13 @@ class Plan:
 
     def report(self, *args, donate_argnums: Sequence[int] | None = None):
         """Compile the plan and put the prediction beside what XLA compiled."""
-        from autoshard.inspect import inspect
+        from autoshard.hlo_report import hlo_report
         compiled = self.jit(donate_argnums).lower(*args).compile()
-        return PlanReport(self, inspect(compiled, self.hardware, self.mesh))
+        return PlanReport(self, hlo_report(compiled, self.hardware, self.mesh))
 
     # -- views -------------------------------------------------------------------------
     def rows(self) -> list[dict]:
-        sizes = dict(zip(self.mesh.axis_names, self.mesh.devices.shape))
+        sizes = axis_sizes(self.mesh)
         out = []
         for a in self.arguments:
             per_device = specs.per_device_bytes(a.shape, a.dtype, a.spec, sizes)
@@ -262,50 +271,10 @@ class Plan:
                             sharded=bool(specs.spec_axes(a.spec))))
         return out
 
-    def table(self):
-        """The plan table as a rich Table."""
-        from rich.table import Table
-        table = Table(title=f"autoshard plan on mesh {dict(zip(self.mesh.axis_names, self.mesh.devices.shape))}")
-        for col in ("path", "shape", "dtype", "spec", "bytes/device"):
-            table.add_column(col, justify="right" if col == "bytes/device" else "left")
-        for r in self.rows():
-            table.add_row(r["path"], str(r["shape"]), r["dtype"], r["spec"],
-                          _human_bytes(r["bytes_per_device"]))
-        c = self.cost
-        table.caption = (f"predicted per device: compute {c.compute_s * 1e3:.3f} ms, "
-                         f"comm {c.comm_s * 1e3:.3f} ms, total {c.total_s * 1e3:.3f} ms, "
-                         f"memory {_human_bytes(c.memory_bytes)}")
-        table.caption += "".join("\n" + line for line in self.step_lines())
-        return table
-
-    def step_lines(self) -> list[str]:
-        """How the step runs beyond the specs: pipeline, microbatches, rematerialization."""
-        lines = []
-        if self.pipeline is not None:
-            lines.append(self.pipeline.describe())
-            if self.microbatching.microbatches > 1:
-                lines.append(f"{self.microbatching.microbatches} accumulation steps, each a "
-                             "pipelined step on its share of the batch")
-        elif self.microbatching is not None and self.microbatching.microbatches > 1:
-            m = self.microbatching
-            replicas = f"{m.replicas} replica" + "s" * (m.replicas != 1)
-            lines.append(f"{m.microbatches} microbatches, each split over "
-                         f"{', '.join(m.replica_axes) or 'no axis'} ({replicas}); "
-                         "gradients reduced once per step")
-        if self.microbatching is not None and self.microbatching.remat:
-            lines.append(f"layer stack rematerialized: jax.checkpoint(policy="
-                         f"{self.microbatching.remat})")
-        return lines
-
     def summary_text(self, width: int = 150, full: bool = False) -> str:
+        """What :meth:`summary` prints (``viz.summary_text``)."""
         from autoshard import viz
-        if full:
-            from rich.console import Console
-            buffer = io.StringIO()
-            Console(file=buffer, width=width, force_terminal=False,
-                    color_system=None).print(self.table())
-            return buffer.getvalue()
-        return viz.summary(self).text(width)
+        return viz.summary_text(self, width=width, full=full)
 
     def summary(self, full: bool = False) -> None:
         """Print the plan table and the predicted cost: one row per layer pattern
@@ -326,16 +295,10 @@ class Plan:
         raise PlanError(f"no argument at path {path!r}{hint}")
 
     def explain(self, path: str) -> str:
-        """Why the argument at ``path`` got its spec: the runner-ups and what they cost."""
-        a = self.argument(path)
-        lines = [f"{a.path} {a.dtype}{list(a.shape)} -> {specs.spec_str(a.spec)}"]
-        if not a.alternatives:
-            lines.append("  no other spec was possible (too small to split, pinned, or no "
-                         "mesh axis divides its dims)")
-        for spec, extra in a.alternatives:
-            lines.append(f"  {specs.spec_str(spec):<28} would cost {extra * 1e6:+.2f} us "
-                         "per step (its own and neighbouring costs, rest of the plan fixed)")
-        return "\n".join(lines)
+        """Why the argument at ``path`` got its spec: how it is split, the runner-up specs
+        and what they would cost (``viz.explain``)."""
+        from autoshard import viz
+        return viz.explain(self, path)
 
     def diff(self, other, names: tuple[str, str] = ("this", "other"), show_all: bool = False):
         """Where this plan and ``other`` (a Plan or an in_shardings pytree) differ, per path.
@@ -368,7 +331,7 @@ class Plan:
                            "alternatives": [[spec_to_json(s), x] for s, x in a.alternatives]}
                           for a in self.arguments],
             "outputs": [spec_to_json(s) for s in self.out_specs],
-            "decisions": [{"key": key_to_json(k),
+            "decisions": [{"key": list(k),
                            "in": [spec_to_json(s) for s in d.in_specs],
                            "out": [spec_to_json(s) for s in d.out_specs]}
                           for k, d in self.decisions.items()],
@@ -442,7 +405,7 @@ class Plan:
         c = self.cost
         return (f"Plan({len(self.arguments)} arguments, mesh "
                 f"{dict(zip(self.mesh.axis_names, self.mesh.devices.shape))}, predicted "
-                f"{c.total_s * 1e3:.3f} ms/step, {_human_bytes(c.memory_bytes)}/device)")
+                f"{c.total_s * 1e3:.3f} ms/step, {format_bytes(c.memory_bytes)}/device)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -450,7 +413,7 @@ class PlanReport:
     """A plan's prediction beside its compiled program's figures."""
 
     plan: Plan
-    compiled: Any   # autoshard.inspect.Report
+    compiled: Any   # autoshard.hlo_report.Report
 
     def rows(self) -> list[tuple[str, float, float]]:
         p, c = self.plan.cost, self.compiled
@@ -464,11 +427,3 @@ class PlanReport:
             ratio = pred / comp if comp else float("nan")
             lines.append(f"{name:14}{pred:>14.4g}{comp:>14.4g}{ratio:>8.2f}")
         return "\n".join(lines)
-
-
-def _human_bytes(num_bytes: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(num_bytes) < 1024 or unit == "TiB":
-            return f"{num_bytes:.1f} {unit}" if unit != "B" else f"{num_bytes:.0f} B"
-        num_bytes /= 1024
-    return f"{num_bytes:.1f} TiB"

@@ -26,6 +26,10 @@ import numpy as np
 from scipy import optimize, sparse
 
 SECONDS_SCALE = 1e6     # the ILP works in microseconds
+OPTIMALITY_GAP = 1e-4
+# Branch and bound over memory rows takes minutes past this many variables, where pricing
+# memory takes seconds and lands within a few percent of the relaxation's bound.
+EXACT_MAX_VARIABLES = 20_000
 
 
 class LiveRows(Sequence):
@@ -615,12 +619,6 @@ def solve(request: Request) -> Result:
         smallest = peak_memory(request, smallest_memory_choice(request))
         raise InfeasibleBudget(min(smallest, peak_memory(request, choice)))
     return finish(request, polish(request, best, deadline), "priced", start, bound)
-
-
-OPTIMALITY_GAP = 1e-4
-# Branch and bound over memory rows takes minutes past this many variables, where pricing
-# memory takes seconds and lands within a few percent of the relaxation's bound.
-EXACT_MAX_VARIABLES = 20_000
 
 
 def fits(request: Request, choice) -> bool:

@@ -9,7 +9,7 @@ body equations become nodes (weighted by the trip count) joined to the outside t
 from __future__ import annotations
 
 import dataclasses
-import inspect as pyinspect
+import inspect
 import numbers
 import sys
 from typing import Any, Callable, Sequence
@@ -18,28 +18,15 @@ import jax
 import numpy as np
 from jax.extend.core import Literal
 
+from autoshard import interpret as ik
 from autoshard import validate
 from autoshard.errors import InputError
 from autoshard.graph import Graph, Node, Value
-
-# Primitives whose body is inlined: name -> param holding the (closed) jaxpr.
-INLINED = {
-    "jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
-    "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr",
-    "checkpoint": "jaxpr", "remat2": "jaxpr", "remat": "jaxpr",
-}
-
-
-def split_closed(jaxpr) -> tuple[Any, Sequence]:
-    """(open jaxpr, consts) of a Jaxpr or ClosedJaxpr."""
-    if hasattr(jaxpr, "consts"):
-        return jaxpr.jaxpr, jaxpr.consts
-    return jaxpr, ()
-
+from autoshard.interpret import INLINED, split_closed
 
 def argument_names(fn: Callable, num_args: int) -> list[str]:
     try:
-        params = list(pyinspect.signature(fn).parameters.values())
+        params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         params = []
     names = []
@@ -167,15 +154,12 @@ class GraphBuilder:
             operand_weights=list(operand_weights or [weight] * len(operands)), label=label))
         return outs
 
-    def aval_of(self, value_id):
-        return self.values[value_id]
-
     # -- walking ---------------------------------------------------------------------------
     def walk(self, jaxpr, consts, in_values, key, weight) -> list[int | None]:
         env: dict = {}
         for i, (var, const) in enumerate(zip(jaxpr.constvars, consts)):
             aval = jax.typeof(const)
-            env[var] = self.new_node("const", "const", key + ("const", i), [], [], [aval],
+            env[var] = self.new_node("const", "const", ik.const_key(key, i), [], [], [aval],
                                      weight=weight)[0]
         for var, value in zip(jaxpr.invars, in_values):
             env[var] = value
@@ -185,7 +169,7 @@ class GraphBuilder:
 
         for i, eqn in enumerate(jaxpr.eqns):
             ins = [read(v) for v in eqn.invars]
-            outs = self.eqn(eqn, ins, key + (i,), weight)
+            outs = self.eqn(eqn, ins, ik.eqn_key(key, i), weight)
             for var, value in zip(eqn.outvars, outs):
                 env[var] = value
         return [read(v) for v in jaxpr.outvars]
@@ -194,15 +178,9 @@ class GraphBuilder:
         name = eqn.primitive.name
         if name in INLINED:
             inner, consts = split_closed(eqn.params[INLINED[name]])
-            if name == "custom_vjp_call" or name == "custom_jvp_call":
-                pass  # call_jaxpr takes exactly the eqn's operands
-            return self.walk(inner, consts, ins, key + (name,), weight)
-        if name == "scan":
-            return self.scan(eqn, ins, key, weight)
-        if name == "while":
-            return self.while_loop(eqn, ins, key, weight)
-        if name == "cond":
-            return self.cond(eqn, ins, key, weight)
+            return self.walk(inner, consts, ins, ik.inlined_key(key, name), weight)
+        if name in CONTROL_FLOW_RULES:
+            return CONTROL_FLOW_RULES[name](self, eqn, ins, key, weight)
         return self.new_node("eqn", name, key, ins, [v.aval for v in eqn.invars],
                              [v.aval for v in eqn.outvars], eqn.params, weight)
 
@@ -211,35 +189,50 @@ class GraphBuilder:
         return self.new_node("boundary", primitive, key, operands, operand_avals, out_avals,
                              weight=weight, operand_weights=operand_weights)
 
+    def carry_seams(self, key, init, init_avals, body_avals, out_avals, weight,
+                    inner_weight) -> tuple[list[int], list[int]]:
+        """A ``loop_carry`` seam per carry, its second operand (the body's result) left
+        to :meth:`close_carries`. Returns (the body's carry values, the seams' nodes)."""
+        body_in, nodes = [], []
+        for k, (value, aval) in enumerate(zip(init, init_avals)):
+            outs = self.boundary("loop_carry", ik.carry_key(key, k), [value, None],
+                                 [aval, aval], [body_avals[k], out_avals[k]], weight,
+                                 [weight, inner_weight])
+            nodes.append(len(self.nodes) - 1)
+            body_in.append(outs[0])
+        return body_in, nodes
+
+    def close_carries(self, nodes, body_out) -> list[int]:
+        """Join each carry seam to the body's result; returns the loop's final carries."""
+        outs = []
+        for k, node_id in enumerate(nodes):
+            self.nodes[node_id]["operands"][1] = body_out[k]
+            outs.append(self.nodes[node_id]["outputs"][1])
+        return outs
+
     def scan(self, eqn, ins, key, weight):
         p = eqn.params
         body, body_consts = split_closed(p["jaxpr"])
-        nc, ncarry, length = p["num_consts"], p["num_carry"], p["length"]
-        inner_weight = weight * length
-        avals = [v.aval for v in eqn.invars]
+        inner_weight = weight * p["length"]
+        ops = ik.scan_operands(p, ins)
+        avals = ik.scan_operands(p, [v.aval for v in eqn.invars])
+        body_avals = ik.scan_operands(p, [v.aval for v in body.invars])
+        ncarry = len(ops.carry)
         body_in = []
-        for k in range(nc):
-            body_in += self.boundary("loop_const", key + ("const", k), [ins[k]], [avals[k]],
-                                     [body.invars[k].aval], weight)
-        carry_nodes = []
-        for k in range(ncarry):
-            j = nc + k
-            outs = self.boundary("loop_carry", key + ("carry", k), [ins[j], None],
-                                 [avals[j], avals[j]], [body.invars[j].aval, eqn.outvars[k].aval],
-                                 weight, [weight, inner_weight])
-            carry_nodes.append(len(self.nodes) - 1)
-            body_in.append(outs[0])
-        for k in range(len(ins) - nc - ncarry):
-            j = nc + ncarry + k
-            body_in += self.boundary("loop_xs", key + ("xs", k), [ins[j]], [avals[j]],
-                                     [body.invars[j].aval], weight)
-        body_out = self.walk(body, body_consts, body_in, key + ("body",), inner_weight)
-        outs = []
-        for k, node_id in enumerate(carry_nodes):
-            self.nodes[node_id]["operands"][1] = body_out[k]
-            outs.append(self.nodes[node_id]["outputs"][1])
+        for k, (value, aval) in enumerate(zip(ops.consts, avals.consts)):
+            body_in += self.boundary("loop_const", ik.const_key(key, k), [value], [aval],
+                                     [body_avals.consts[k]], weight)
+        carry_in, carry_nodes = self.carry_seams(
+            key, ops.carry, avals.carry, body_avals.carry,
+            [v.aval for v in eqn.outvars[:ncarry]], weight, inner_weight)
+        body_in += carry_in
+        for k, (value, aval) in enumerate(zip(ops.xs, avals.xs)):
+            body_in += self.boundary("loop_xs", ik.xs_key(key, k), [value], [aval],
+                                     [body_avals.xs[k]], weight)
+        body_out = self.walk(body, body_consts, body_in, ik.body_key(key), inner_weight)
+        outs = self.close_carries(carry_nodes, body_out)
         for k, value in enumerate(body_out[ncarry:]):
-            outs += self.boundary("loop_ys", key + ("ys", k), [value],
+            outs += self.boundary("loop_ys", ik.ys_key(key, k), [value],
                                   [body.outvars[ncarry + k].aval],
                                   [eqn.outvars[ncarry + k].aval], weight, [inner_weight])
         return outs
@@ -247,42 +240,35 @@ class GraphBuilder:
     def while_loop(self, eqn, ins, key, weight):
         p = eqn.params
         body, body_consts = split_closed(p["body_jaxpr"])
-        cn, bn = p["cond_nconsts"], p["body_nconsts"]
-        avals = [v.aval for v in eqn.invars]
-        body_in, carry_nodes = [], []
-        for k in range(bn):
-            body_in += self.boundary("loop_const", key + ("const", k), [ins[cn + k]],
-                                     [avals[cn + k]], [body.invars[k].aval], weight)
-        for k in range(len(ins) - cn - bn):
-            j = cn + bn + k
-            outs = self.boundary("loop_carry", key + ("carry", k), [ins[j], None],
-                                 [avals[j], avals[j]], [body.invars[bn + k].aval,
-                                                        eqn.outvars[k].aval],
-                                 weight, [weight, weight])
-            carry_nodes.append(len(self.nodes) - 1)
-            body_in.append(outs[0])
-        body_out = self.walk(body, body_consts, body_in, key + ("body",), weight)
-        outs = []
-        for k, node_id in enumerate(carry_nodes):
-            self.nodes[node_id]["operands"][1] = body_out[k]
-            outs.append(self.nodes[node_id]["outputs"][1])
-        return outs
+        ops = ik.while_operands(p, ins)
+        avals = ik.while_operands(p, [v.aval for v in eqn.invars])
+        nb = len(ops.consts)
+        body_in = []
+        for k, (value, aval) in enumerate(zip(ops.consts, avals.consts)):
+            body_in += self.boundary("loop_const", ik.const_key(key, k), [value], [aval],
+                                     [body.invars[k].aval], weight)
+        carry_in, carry_nodes = self.carry_seams(
+            key, ops.carry, avals.carry, [v.aval for v in body.invars[nb:]],
+            [v.aval for v in eqn.outvars], weight, weight)
+        body_out = self.walk(body, body_consts, body_in + carry_in, ik.body_key(key), weight)
+        return self.close_carries(carry_nodes, body_out)
 
     def cond(self, eqn, ins, key, weight):
-        branches = eqn.params["branches"]
-        avals = [v.aval for v in eqn.invars]
+        _, ops = ik.cond_operands(ins)
+        _, avals = ik.cond_operands([v.aval for v in eqn.invars])
         branch_in = []
-        for k in range(1, len(ins)):
-            branch_in += self.boundary("branch_in", key + ("in", k - 1), [ins[k]], [avals[k]],
-                                       [avals[k]], weight)
+        for k, (value, aval) in enumerate(zip(ops, avals)):
+            branch_in += self.boundary("branch_in", ik.branch_in_key(key, k), [value], [aval],
+                                       [aval], weight)
         branch_outs = []
-        for b, branch in enumerate(branches):
+        for b, branch in enumerate(eqn.params["branches"]):
             inner, consts = split_closed(branch)
-            branch_outs.append(self.walk(inner, consts, branch_in, key + (f"branch{b}",), weight))
+            branch_outs.append(self.walk(inner, consts, branch_in, ik.branch_key(key, b),
+                                         weight))
         outs = []
         for k, var in enumerate(eqn.outvars):
             operands = [bo[k] for bo in branch_outs]
-            outs += self.boundary("branch_out", key + ("out", k), operands,
+            outs += self.boundary("branch_out", ik.branch_out_key(key, k), operands,
                                   [var.aval] * len(operands), [var.aval], weight)
         return outs
 
@@ -297,6 +283,12 @@ class GraphBuilder:
                     users[value].append((node.id, i))
         return Graph(nodes=nodes, values=tuple(self.values),
                      users=tuple(tuple(u) for u in users), **fields)
+
+
+# trace's rule per control-flow primitive (interpret.CONTROL_FLOW).
+CONTROL_FLOW_RULES = {"scan": GraphBuilder.scan, "while": GraphBuilder.while_loop,
+                      "cond": GraphBuilder.cond}
+assert set(CONTROL_FLOW_RULES) == set(ik.CONTROL_FLOW)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -345,13 +337,13 @@ def build_graph(program: Program) -> Graph:
     arg_values, arg_nodes = [], []
     for i, (leaf, path) in enumerate(zip(program.leaves, program.paths)):
         arg_nodes.append(len(builder.nodes))
-        arg_values += builder.new_node("arg", "arg", ("arg", i), [], [], [leaf], label=path)
+        arg_values += builder.new_node("arg", "arg", ik.arg_key(i), [], [], [leaf], label=path)
     outputs = builder.walk(closed.jaxpr, closed.consts, arg_values, (), 1.0)
     output_nodes = []
     for k, (value, aval) in enumerate(zip(outputs, program.out_avals)):
         output_nodes.append(len(builder.nodes) if value is not None else None)
         if value is not None:
-            builder.new_node("output", "output", ("out", k), [value], [aval], [aval],
+            builder.new_node("output", "output", ik.output_key(k), [value], [aval], [aval],
                              label=program.out_paths[k])
     return builder.freeze(arg_nodes=tuple(arg_nodes), arg_paths=program.paths,
                           outputs=tuple(outputs), output_nodes=tuple(output_nodes),

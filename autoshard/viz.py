@@ -34,19 +34,20 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from autoshard import specs, validate
+from autoshard.units import (axis_sizes, bytes_unit, format_bytes, format_seconds, mesh_str,
+                             time_unit)
 from autoshard.breakdown import is_index, path_keys
-from autoshard.errors import AutoshardError, MeshError, OptionError, PlanError
+from autoshard.errors import AutoshardError, OptionError, PlanError
 from autoshard.plan import Plan
 from autoshard.specs import Spec
 
 __all__ = [
     "BreakdownView", "CompareView", "DiffView", "MemoryView", "ScoreboardView", "ShardingView",
-    "SummaryView", "TableView", "View", "WhatIfView", "breakdown", "compare", "diff", "explain",
-    "format_bytes", "format_seconds", "memory", "scoreboard", "sharding", "summary", "table",
-    "what_if",
+    "SummaryView", "TableView", "View", "WhatIfView", "breakdown", "diff", "explain",
+    "format_bytes", "format_seconds", "memory", "schedule", "scoreboard", "sharding", "summary",
+    "summary_text", "table",
 ]
 
-MESH_SHAPES_8 = ((1, 8), (2, 4), (4, 2), (8, 1))
 COMPUTE_COLOR = "#4c72b0"
 RESHARD_COLOR = "#8c8c8c"
 COLLECTIVE_COLORS = {"all-reduce": "#dd8452", "reduce-scatter": "#55a868",
@@ -55,54 +56,6 @@ COLLECTIVE_COLORS = {"all-reduce": "#dd8452", "reduce-scatter": "#55a868",
 MEMORY_COLORS = {"parameters": "#4c72b0", "optimizer state": "#55a868", "data": "#dd8452",
                  "other arguments": "#937860", "arguments": "#64b5cd", "outputs": "#8172b3",
                  "temporaries": "#c44e52", "outputs + temporaries": "#c44e52"}
-
-
-# -- units ----------------------------------------------------------------------------------
-
-def format_bytes(num_bytes: float) -> str:
-    """``format_bytes(3 * 2**20) == "3.0 MiB"``."""
-    value = float(num_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"
-
-
-def format_seconds(seconds: float) -> str:
-    """``format_seconds(2.5e-6) == "2.50 µs"``."""
-    s = abs(seconds)
-    if s == 0:
-        return "0 s"
-    if s >= 1:
-        return f"{seconds:.3g} s"
-    for scale, unit in ((1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")):
-        if s >= scale or unit == "ns":
-            return f"{seconds / scale:.2f} {unit}"
-    return f"{seconds:.3g} s"
-
-
-def time_unit(max_seconds: float) -> tuple[float, str]:
-    """(scale, unit) that puts ``max_seconds`` in a readable range for an axis."""
-    for scale, unit in ((1, "s"), (1e-3, "ms"), (1e-6, "µs")):
-        if max_seconds >= scale:
-            return scale, unit
-    return 1e-9, "ns"
-
-
-def bytes_unit(max_bytes: float) -> tuple[float, str]:
-    for scale, unit in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if max_bytes >= scale:
-            return scale, unit
-    return 1, "B"
-
-
-def mesh_str(mesh: Mesh) -> str:
-    return "×".join(f"{n}{name}" for name, n in zip(mesh.axis_names, mesh.devices.shape))
-
-
-def axis_sizes(mesh: Mesh) -> dict[str, int]:
-    return dict(zip(mesh.axis_names, mesh.devices.shape))
 
 
 # -- figures ----------------------------------------------------------------------------------
@@ -233,7 +186,7 @@ class TableView(View):
         self.caption = (f"predicted per device: compute {format_seconds(c.compute_s)}, "
                         f"communication {format_seconds(c.comm_s)}, total "
                         f"{format_seconds(c.total_s)}, peak memory {format_bytes(c.memory_bytes)}"
-                        + "".join("\n" + line for line in plan.step_lines()))
+                        + "".join("\n" + line for line in step_lines(plan)))
 
     def rows(self) -> list[dict]:
         sizes = axis_sizes(self.plan.mesh)
@@ -247,6 +200,25 @@ class TableView(View):
         how = f"sharded {row['num_shards']} ways" if row["sharded"] else "replicated"
         return [row["path"], str(tuple(row["shape"])), row["dtype"], row["spec"],
                 format_bytes(row["bytes_per_device"]), how]
+
+
+def step_lines(plan: Plan) -> list[str]:
+    """How the step runs beyond the specs: pipeline, microbatches, rematerialization."""
+    lines = []
+    m = plan.microbatching
+    if plan.pipeline is not None:
+        lines.append(plan.pipeline.describe())
+        if m is not None and m.microbatches > 1:
+            lines.append(f"{m.microbatches} accumulation steps, each a pipelined step on "
+                         "its share of the batch")
+    elif m is not None and m.microbatches > 1:
+        replicas = f"{m.replicas} replica" + "s" * (m.replicas != 1)
+        lines.append(f"{m.microbatches} microbatches, each split over "
+                     f"{', '.join(m.replica_axes) or 'no axis'} ({replicas}); "
+                     "gradients reduced once per step")
+    if m is not None and m.remat:
+        lines.append(f"layer stack rematerialized: jax.checkpoint(policy={m.remat})")
+    return lines
 
 
 def table(plan: Plan) -> TableView:
@@ -460,6 +432,12 @@ def summary(plan: Plan, full: bool = False) -> View:
     return TableView(plan) if full else SummaryView(plan)
 
 
+def summary_text(plan: Plan, width: int = 150, full: bool = False) -> str:
+    """:func:`summary` as plain text ``width`` columns wide (what ``plan.summary()``
+    prints)."""
+    return summary(plan, full=full).text(width)
+
+
 # -- cost breakdown ---------------------------------------------------------------------------
 
 class BreakdownView(View):
@@ -579,10 +557,10 @@ class MemoryView(View):
     def __init__(self, plan: Plan, report=None,
                  categorize: Callable[[str, Sequence[str]], str] | None = None):
         self.plan = require_plan(plan, "viz.memory")
-        self.compiled = getattr(report, "compiled", report)   # PlanReport or inspect.Report
+        self.compiled = getattr(report, "compiled", report)   # PlanReport or hlo_report.Report
         if self.compiled is not None and not hasattr(self.compiled, "temp_bytes"):
             raise PlanError(f"viz.memory: report must be plan.report(*args) or an "
-                            f"autoshard.inspect.Report, got {type(report).__name__}")
+                            f"autoshard.hlo_report.Report, got {type(report).__name__}")
         if report is not None and getattr(report, "plan", plan) is not plan:
             raise PlanError("viz.memory: the report was made for another plan")
         self.categorize = categorize or argument_category
@@ -695,7 +673,7 @@ def shardings_by_path(plan: Plan, in_shardings) -> dict[str, Any]:
     paths = [a.path for a in plan.arguments]
     program = plan._program
     if program is not None:
-        full = jax.tree_util.tree_unflatten(program[1], paths)
+        full = jax.tree_util.tree_unflatten(program.in_tree, paths)
         try:
             pairs = jax.tree.map(lambda s, sub: jax.tree.map(lambda p: (p, s), sub),
                                  in_shardings, full, is_leaf=is_sharding_leaf)
@@ -930,38 +908,6 @@ class WhatIfView(View):
         return fig
 
 
-def what_if(fn: Callable, *args, mesh_shapes: Iterable[Sequence[int]] = MESH_SHAPES_8,
-            axis_names: Sequence[str] = ("data", "model"), compile: bool = False,
-            **plan_kwargs) -> WhatIfView:
-    """Plan ``fn`` on each mesh shape and put the predictions side by side.
-
-    ``plan_kwargs`` go to ``autoshard.plan`` (``hardware``, ``memory_budget``, ``pins``,
-    ...). With ``compile=True`` each plan is also compiled and priced (``plan.report``).
-
-    Example::
-
-        view = viz.what_if(train_step, params, opt_state, batch,
-                           mesh_shapes=[(1, 8), (2, 4), (4, 2), (8, 1)])
-        view.best, view[(2, 4)]           # the fastest shape that fits, one plan
-        view.plot()
-    """
-    from autoshard.api import plan as make_plan
-    from autoshard.mesh import make_mesh
-    validate.function(fn, "viz.what_if fn")
-    validate.flag("viz.what_if compile", compile)
-    plans, reports = {}, {}
-    for shape in mesh_shapes:
-        shape = tuple(int(n) for n in shape)
-        if len(shape) != len(axis_names):
-            raise AutoshardError(f"mesh shape {shape} has {len(shape)} axes; axis names "
-                                 f"{tuple(axis_names)} have {len(axis_names)}")
-        name = "×".join(map(str, shape))
-        plans[name] = make_plan(fn, *args, mesh=make_mesh(shape, axis_names), **plan_kwargs)
-        if compile:
-            reports[name] = plans[name].report(*args)
-    return WhatIfView(plans, reports)
-
-
 # -- compare: plans and expert in_shardings, by their compiled programs -------------------------
 
 class CompareView(View):
@@ -1026,67 +972,6 @@ class CompareView(View):
         if ax_m.get_legend_handles_labels()[0][1:]:
             legend_below(ax_m, drop=0.3)
         return fig
-
-
-def compile_report(fn: Callable, args: Sequence, candidate, mesh: Mesh | None, hardware):
-    """(compiled Report, predicted seconds or None) of a candidate: a Plan, an
-    in_shardings pytree, a ``jax.stages.Compiled`` or an ``autoshard.inspect.Report``."""
-    from autoshard.inspect import Report, inspect
-    if isinstance(candidate, Plan):
-        return candidate.report(*args).compiled, candidate.cost.total_s
-    if isinstance(candidate, Report):
-        return candidate, None
-    if isinstance(candidate, jax.stages.Compiled):
-        return inspect(candidate, hardware, mesh), None
-    leaves = [x for x in jax.tree.leaves(candidate, is_leaf=is_sharding_leaf)
-              if isinstance(x, NamedSharding)]
-    if mesh is None:
-        if not leaves:
-            raise PlanError("compare: in_shardings of PartitionSpecs need mesh=")
-        mesh = leaves[0].mesh
-    shardings = jax.tree.map(lambda s: NamedSharding(mesh, s) if isinstance(s, PartitionSpec)
-                             else s, candidate, is_leaf=is_sharding_leaf)
-    try:
-        compiled = jax.jit(fn, in_shardings=shardings).lower(*args).compile()
-    except (ValueError, TypeError) as e:
-        raise PlanError(f"compare: in_shardings do not fit the arguments: {e}") from None
-    return inspect(compiled, hardware, mesh), None
-
-
-def compare(fn: Callable, *args, candidates: Mapping[str, Any], mesh: Mesh | None = None,
-            hardware=None) -> CompareView:
-    """Compile every candidate and price its program: the way a plan is judged.
-
-    ``candidates`` maps a name to a Plan, to an ``in_shardings`` pytree (an expert's
-    plan), or to a program already compiled (``jax.stages.Compiled``) or priced
-    (``autoshard.inspect.Report``). Arguments may be abstract (``jax.ShapeDtypeStruct``):
-    nothing runs.
-
-    Example::
-
-        view = viz.compare(train_step, *args, candidates={
-            "auto": plan, "data parallel": dp_shardings, "fsdp": fsdp_shardings})
-        view.best
-        view.plot()
-    """
-    from autoshard.hardware import H100
-    validate.function(fn, "viz.compare fn")
-    validate.mapping("viz.compare candidates", candidates)
-    if mesh is not None and not isinstance(mesh, Mesh):
-        raise MeshError(f"viz.compare mesh must be a jax.sharding.Mesh, got "
-                        f"{type(mesh).__name__}")
-    plans = [c for c in candidates.values() if isinstance(c, Plan)]
-    hw = hardware or (plans[0].hardware if plans else H100)
-    if mesh is None and plans:
-        mesh = plans[0].mesh
-    reports, predicted = {}, {}
-    for name, candidate in candidates.items():
-        reports[name], pred = compile_report(fn, args, candidate, mesh, hw)
-        if pred is not None:
-            predicted[name] = pred
-    budget = plans[0].memory_budget if plans else None
-    title = f"plans compared on mesh {mesh_str(mesh)}" if mesh is not None else "plans compared"
-    return CompareView(reports, predicted, budget, title)
 
 
 class ScoreboardView(View):
@@ -1301,11 +1186,28 @@ def explain(plan: Plan, path: str) -> str:
         # params['layers'][0]['w1'] (float32[64, 256], 64.0 KiB) is split P(None, model):
         # dim 1 over 'model' (4 ways), so each device holds 16.0 KiB, and it is copied
         # across 'data'. The next best choice, P(data, model), would make the step 1.20 µs
-        # slower; keeping it whole, 3.10 µs slower.
+        # slower; keeping it whole, 3.10 µs slower. (...)
+        #   P(data, model)               would cost 1.20 µs more per step
+        #   P(None, None)                would cost 3.10 µs more per step
     """
     require_plan(plan, "viz.explain")
     arg = plan.argument(path)
-    first = sharding_sentence(arg, plan.mesh)
+    return "\n".join([choice_sentences(arg, plan.mesh), *runner_up_lines(arg)])
+
+
+def runner_up_lines(arg) -> list[str]:
+    """One line per spec the argument could have taken, with what it would cost."""
+    lines = []
+    for spec, extra in arg.alternatives:
+        more = "the same" if abs(extra) < 1e-12 else (
+            f"{format_seconds(abs(extra))} {'more' if extra > 0 else 'less'}")
+        lines.append(f"  {specs.spec_str(spec):<28} would cost {more} per step")
+    return lines
+
+
+def choice_sentences(arg, mesh: Mesh) -> str:
+    """How ``arg`` is split and why: the next best spec and keeping it whole."""
+    first = sharding_sentence(arg, mesh)
     if not arg.alternatives:
         return (first + " No other spec was open to it: it is pinned, too small to split, "
                 "or no mesh axis divides its dims.")
@@ -1327,39 +1229,7 @@ def explain(plan: Plan, path: str) -> str:
                          "work with the rest of the plan held fixed.)"
 
 
-# -- command line ---------------------------------------------------------------------------------
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m autoshard.viz [program] [--mesh 2x4] [--out DIR]``: plan a test program
-    and print its table, cost breakdown and memory; with ``--out`` save the figures."""
-    import argparse
-    import os
-    parser = argparse.ArgumentParser(prog="python -m autoshard.viz", description=main.__doc__)
-    parser.add_argument("program", nargs="?", default="transformer_train_step",
-                        help="a function of autoshard.testing.programs")
-    parser.add_argument("--mesh", default="2x4", help="mesh shape, e.g. 2x4 (data x model)")
-    parser.add_argument("--out", default=None, help="folder to save PNG figures into")
-    ns = parser.parse_args(argv)
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + " --xla_force_host_platform_device_count=8").strip()
-    import autoshard
-    from autoshard.testing import programs
-    if not hasattr(programs, ns.program):
-        parser.error(f"no program {ns.program!r}; try one of {programs.__all__}")
-    program = getattr(programs, ns.program)()
-    shape = tuple(int(n) for n in ns.mesh.lower().split("x"))
-    names = ("data", "model")[:len(shape)] if len(shape) <= 2 else tuple(
-        f"axis{i}" for i in range(len(shape)))
-    plan = autoshard.plan(program.fn, *program.args, mesh=autoshard.make_mesh(shape, names))
-    views = {"table": table(plan), "breakdown": breakdown(plan), "memory": memory(plan)}
-    for view in views.values():
-        print(view)
-    if ns.out:
-        os.makedirs(ns.out, exist_ok=True)
-        for name in ("breakdown", "memory"):
-            views[name].plot().savefig(os.path.join(ns.out, f"{name}.png"), dpi=120)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":      # python -m autoshard.viz: the command ``autoshard view``
+    import sys
+    from autoshard.cli import main
+    raise SystemExit(main(["view", *sys.argv[1:]]))

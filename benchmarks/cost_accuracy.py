@@ -2,7 +2,7 @@
 
 For each program and mesh: every expert layout (data parallel, FSDP, Megatron, FSDP x TP,
 expert parallel, ZeRO-1) and ``--random`` random partial pins, each planned with its pins
-(the solver fills in the rest), compiled, and read with ``autoshard.inspect`` under the
+(the solver fills in the rest), compiled, and read with ``autoshard.hlo_report`` under the
 same Hardware (an H100 node; on 8x2 the first axis crosses nodes, as in plan_quality.py).
 Prints predicted vs compiled step time per plan, then per program and mesh the median and
 worst |predicted / compiled - 1| and the Spearman rank correlation, and for the worst
@@ -28,7 +28,7 @@ from scipy import stats  # noqa: E402
 
 import autoshard  # noqa: E402
 from autoshard import experts, models, specs  # noqa: E402
-from autoshard.inspect import inspect  # noqa: E402
+from autoshard.hlo_report import hlo_report  # noqa: E402
 from autoshard.mesh import axis_sizes  # noqa: E402
 from autoshard.testing import plain  # noqa: E402
 
@@ -129,7 +129,7 @@ def measure(program: str, case, mesh_name: str, num_random: int) -> list[Measure
         try:
             plan = autoshard.plan(case.train_step, *args, mesh=mesh, hardware=hw, pins=pins,
                                   donate_argnums=case.donate_argnums, progress=False)
-            report = inspect(plan.jit().lower(*args).compile(), hw, mesh)
+            report = hlo_report(plan.jit().lower(*args).compile(), hw, mesh)
         except Exception as e:   # a layout the planner or XLA refuses is reported
             print(f"  {program} {mesh_name} {layout}: {type(e).__name__}: {e}"[:160],
                   file=sys.stderr)

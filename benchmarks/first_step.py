@@ -8,7 +8,7 @@ For 12, 24 and 48 layers of the zoo's GPT (d_model 2048, 16 heads, d_ff 8192, vo
   shardings   compiling jax.jit(train_step) with the plan's specs as in/out shardings only
   expert      tracing, lowering and compiling each expert plan (data parallel, FSDP,
               Megatron, FSDP x TP); the best is the one whose compiled step
-              autoshard.inspect prices fastest
+              autoshard.hlo_report prices fastest
 
 and the ratio (plan + lower + compile) / (best expert's lower + compile), the target
 being <= 1.10 at 24 and 48 layers. JAX's caches are cleared before each, so every program
@@ -19,7 +19,7 @@ shared machine wall seconds stretch with the load; the CPU seconds of this proce
 (the ``cpu`` columns) stretch far less, and ``--split`` prints them for every part beside
 the planner's stages (JAX's make_jaxpr; graph, strategies and costs; coarsening; solving).
 Beside it, the compiled step time of the auto plan with the constraints pruned and with
-a constraint on every result (--compare-all), priced by autoshard.inspect: pruning must
+a constraint on every result (--compare-all), priced by autoshard.hlo_report: pruning must
 not change it. Each figure is the fastest of --repeat runs.
 
 ``--pin-experts fsdp,data_parallel`` also plans with every argument pinned to an expert's
@@ -42,7 +42,7 @@ import jax  # noqa: E402
 
 import autoshard  # noqa: E402
 from autoshard import experts  # noqa: E402
-from autoshard.inspect import inspect  # noqa: E402
+from autoshard.hlo_report import hlo_report  # noqa: E402
 from autoshard.models import gpt  # noqa: E402
 
 HARDWARE = autoshard.H100
@@ -124,7 +124,7 @@ def pinned_to(case, mesh, name: str) -> dict:
     compiled, lower_t, compile_t = lower_and_compile(plan.jit(case.donate_argnums),
                                                      case.args, 1)
     return dict(objective_s=plan.solver["objective_s"], plan=plan_t, lower=lower_t,
-                compile=compile_t, step_s=inspect(compiled, HARDWARE, mesh).total_s,
+                compile=compile_t, step_s=hlo_report(compiled, HARDWARE, mesh).total_s,
                 constraints=constraints(plan))
 
 
@@ -136,12 +136,12 @@ def run(layers: int, mesh, repeat: int, compare_all: bool, pin_experts=()) -> di
     _, shard_t = fastest(lambda: shardings_only(case, plan).lower(*args).compile(), repeat)
     row = dict(layers=layers, plan=plan_t, lower=lower_t, compile=compile_t,
                shardings=shard_t, stages=plan_stages(plan), constraints=constraints(plan),
-               step_s=inspect(auto, HARDWARE, mesh).total_s, experts={})
+               step_s=hlo_report(auto, HARDWARE, mesh).total_s, experts={})
     for name in case.experts:
         compiled, e_lower, e_compile = lower_and_compile(
             experts.jit_expert(case, mesh, name), args, repeat)
         row["experts"][name] = dict(lower=e_lower, compile=e_compile,
-                                    step_s=inspect(compiled, HARDWARE, mesh).total_s)
+                                    step_s=hlo_report(compiled, HARDWARE, mesh).total_s)
     best = min(row["experts"], key=lambda name: row["experts"][name]["step_s"])
     expert = row["experts"][best]
     expert_t = expert["lower"] + expert["compile"]
@@ -155,7 +155,7 @@ def run(layers: int, mesh, repeat: int, compare_all: bool, pin_experts=()) -> di
         full = every_result_constrained(plan, case)
         compiled, full_t = timed(lambda: full.jit(case.donate_argnums).lower(*args).compile())
         row.update(all_constraints=constraints(full), all_compile=full_t,
-                   all_step_s=inspect(compiled, HARDWARE, mesh).total_s)
+                   all_step_s=hlo_report(compiled, HARDWARE, mesh).total_s)
     return row
 
 
@@ -232,7 +232,7 @@ def main():
         print_row(rows[-1], args.compare_all)
     print("lower: trace + lower; ratio: (plan + lower + compile) / best expert's (lower + "
           "compile), in wall and CPU seconds; floor: the ratio with planning free; ms: "
-          "compiled step time (autoshard.inspect); wsc: with_sharding_constraints in the "
+          "compiled step time (autoshard.hlo_report); wsc: with_sharding_constraints in the "
           "auto program" + ("; *: a constraint on every result" if args.compare_all else ""))
     if args.split:
         print_split(rows)

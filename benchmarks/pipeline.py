@@ -4,7 +4,7 @@ Part 1 (``--part gpt``): a GPT train step (scanned layers, Adam, bf16) on 16 sim
 devices as two nodes, mesh 2x8 whose first axis crosses nodes (4e10 B/s against 3.6e11
 inside a node). The auto plan with a pipeline allowed (``pipeline="auto"``,
 ``microbatches="auto"``) is compiled beside every expert plan (data parallel, FSDP,
-Megatron, FSDP x TP) and each compiled program is priced by ``autoshard.inspect`` with
+Megatron, FSDP x TP) and each compiled program is priced by ``autoshard.hlo_report`` with
 the same hardware. It prints the compute-only bound, the bubble, the stage transfers and
 where the rest goes.
 
@@ -38,7 +38,7 @@ def hardware(autoshard):
 def gpt_part(args) -> None:
     import autoshard
     from autoshard import experts
-    from autoshard.inspect import inspect
+    from autoshard.hlo_report import hlo_report
     from autoshard.models import gpt
 
     cfg = gpt.GPTConfig(vocab=32000, seq=args.seq, d_model=args.d_model, heads=16,
@@ -61,13 +61,13 @@ def gpt_part(args) -> None:
                               donate_argnums=case.donate_argnums, progress=False, **options)
 
     def compiled(plan):
-        return inspect(plan.jit().lower(*case.args).compile(), hw, mesh)
+        return hlo_report(plan.jit().lower(*case.args).compile(), hw, mesh)
 
-    rows = [(name, inspect(experts.compile_expert(case, mesh, name), hw, mesh))
+    rows = [(name, hlo_report(experts.compile_expert(case, mesh, name), hw, mesh))
             for name in case.experts]
     # by hand: data parallel inside each stage, so each microbatch splits over 'model'
     hand_m = max(1, cfg.batch // mesh.shape["model"])
-    rows.append((f"gpipe (hand, M={hand_m})", inspect(
+    rows.append((f"gpipe (hand, M={hand_m})", hlo_report(
         experts.jit_gpipe(case, mesh, microbatches=hand_m).lower(*case.args).compile(), hw,
         mesh)))
     staged, staged_s = timed(lambda: planned(pipeline="data", microbatches="auto"))

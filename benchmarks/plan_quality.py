@@ -2,7 +2,7 @@
 
 For each case and mesh, compiles the auto plan and every expert plan with the same
 Hardware (an H100 node; on the 8x2 mesh the first axis crosses nodes and gets the
-inter-node bandwidth), prices each compiled program with ``autoshard.inspect`` and prints
+inter-node bandwidth), prices each compiled program with ``autoshard.hlo_report`` and prints
 one table: step time, compute, communication, memory per device, feasible under the
 budget, and auto / best feasible expert (INFEASIBLE when auto's compiled memory breaks the
 budget; an expert XLA fails to compile is a FAILED row), then their geometric mean. A
@@ -41,7 +41,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 import autoshard  # noqa: E402
 from autoshard import experts, models  # noqa: E402
 from autoshard.errors import MemoryBudgetError  # noqa: E402
-from autoshard.inspect import inspect  # noqa: E402
+from autoshard.hlo_report import hlo_report  # noqa: E402
 from autoshard.testing import plain, programs  # noqa: E402
 
 NVLINK = 3.6e11        # bytes/s per device inside a node
@@ -196,7 +196,7 @@ def run_case(case: Case, mesh_name: str) -> list[Row]:
     rows, reports = [], {}
     for name in case.experts:
         try:
-            reports[name] = inspect(compile_expert(case, mesh, name), hw, mesh)
+            reports[name] = hlo_report(compile_expert(case, mesh, name), hw, mesh)
         except Exception as e:  # an expert plan XLA cannot compile is a failure row
             reports[name] = f"FAILED {type(e).__name__}: {e}"[:120]
             print(f"  {case.name} {mesh_name} {name}: {reports[name]}", file=sys.stderr)
@@ -220,7 +220,7 @@ def run_case(case: Case, mesh_name: str) -> list[Row]:
                         float("inf"), budget, note=str(e)[:80]))
         return rows
     planned = time.perf_counter() - started
-    r = inspect(plan.jit().lower(*case.args).compile(), hw, mesh)
+    r = hlo_report(plan.jit().lower(*case.args).compile(), hw, mesh)
     rows.append(Row(case.name, mesh_name, "auto", r.total_s, r.compute_s, r.comm_s,
                     r.memory_bytes, budget, plan.cost.total_s, plan.cost.memory_bytes,
                     note=f"planned in {planned:.1f}s"))

@@ -12,7 +12,7 @@ planner's own share, and the floor that JAX's tracing alone sets on the 48 / 12 
 (the 12-layer time plus the growth of make_jaxpr from 12 to 48 layers).
 
 With --quality, the 12-layer unrolled plan with reuse is judged against the plan
-without it by their compiled programs (autoshard.inspect, as in plan_quality.py).
+without it by their compiled programs (autoshard.hlo_report, as in plan_quality.py).
 
 Run: python benchmarks/plan_time.py [--layers 12,24,48,96] [--variants unrolled,scanned]
                                     [--repeat 3] [--quality]
@@ -27,7 +27,7 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
 
 import autoshard  # noqa: E402
 from autoshard import cache  # noqa: E402
-from autoshard.inspect import inspect  # noqa: E402
+from autoshard.hlo_report import hlo_report  # noqa: E402
 from autoshard.testing import programs  # noqa: E402
 
 D_MODEL = 2048
@@ -75,7 +75,7 @@ def quality(mesh):
     figures = {}
     for name, reuse in (("reuse", True), ("no reuse", False)):
         plan, seconds = timed_plan(program, mesh, reuse=reuse, cache=False)
-        report = inspect(plan.jit().lower(*program.args).compile(), hw, mesh)
+        report = hlo_report(plan.jit().lower(*program.args).compile(), hw, mesh)
         figures[name] = report.total_s
         print(f"{name:12}{seconds:>9.1f}{plan.cost.total_s * 1e3:>14.3f}"
               f"{report.total_s * 1e3:>13.3f}{report.memory_bytes / 2**30:>12.2f}", flush=True)

@@ -4,7 +4,7 @@ their compiled programs.
 For each model and mesh: the replicated-fallback warnings planning raised (none expected),
 the largest difference between the plan's step and one device's, and the step time per
 device of the auto plan, of data parallel and (depthwise model) of the channel-split
-layout, each compiled and priced by ``autoshard.inspect`` with the H100 numbers.
+layout, each compiled and priced by ``autoshard.hlo_report`` with the H100 numbers.
 
 Models: ``dropout_mlp`` (flax linen, two Dense + Dropout layers, optax adamw),
 ``pool_cnn`` (flax linen: conv, max pool, depthwise conv, 1x1 conv, average pool, dropout,
@@ -31,7 +31,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 import autoshard  # noqa: E402
 from autoshard.hardware import H100  # noqa: E402
-from autoshard.inspect import inspect  # noqa: E402
+from autoshard.hlo_report import hlo_report  # noqa: E402
 
 MESHES = {"8": ((8,), ("data",)), "2x4": ((2, 4), ("data", "model"))}
 
@@ -139,8 +139,8 @@ def judge(name, mesh_name):
     expected, got = jax.jit(step)(*args), plan.jit()(*args)
     error = max(float(np.max(np.abs(numbers(e) - numbers(g))))
                 for e, g in zip(jax.tree.leaves(expected), jax.tree.leaves(got)))
-    auto = inspect(plan.jit().lower(*args).compile(), H100, mesh).total_s
-    others = {label: inspect(jax.jit(step, in_shardings=make(mesh)).lower(*args).compile(),
+    auto = hlo_report(plan.jit().lower(*args).compile(), H100, mesh).total_s
+    others = {label: hlo_report(jax.jit(step, in_shardings=make(mesh)).lower(*args).compile(),
                              H100, mesh).total_s for label, make in layouts.items()}
     columns = "  ".join(f"{label} {s * 1e6:7.1f} us" for label, s in others.items())
     print(f"{name:12s} {mesh_name:4s} fallbacks {fallbacks or 'none'}  max |plan - one device| "

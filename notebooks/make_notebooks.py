@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import autoshard
-from autoshard import viz
+from autoshard import judge, viz
 
 print(jax.devices())'''
 
@@ -208,7 +208,7 @@ view.plot()
 
 Two expert plans as `in_shardings` pytrees: data parallel (replicate the model, split the
 batch over every device) and FSDP (also split every weight and Adam moment along a dim 8
-devices divide). `viz.diff` lists the arguments whose specs differ; `viz.compare` compiles
+devices divide). `viz.diff` lists the arguments whose specs differ; `judge.compare` compiles
 each plan and prices the program XLA built.
 '''),
     code('''
@@ -237,7 +237,7 @@ dp_shardings, fsdp_shardings = data_parallel(*args), fsdp(*args)
 viz.diff(plan, fsdp_shardings, names=("auto", "fsdp"))
 '''),
     code('''
-comparison = viz.compare(program.fn, *args, candidates={
+comparison = judge.compare(program.fn, *args, candidates={
     "auto": plan, "data parallel": dp_shardings, "fsdp": fsdp_shardings})
 print("fastest compiled plan:", comparison.best)
 comparison
@@ -252,7 +252,7 @@ The same 8 devices as 1×8, 2×4, 4×2 and 8×1 meshes of (`data`, `model`): one
 The `data` axis has the slow links, so the shape matters.
 '''),
     code('''
-shapes = viz.what_if(program.fn, *args, mesh_shapes=[(1, 8), (2, 4), (4, 2), (8, 1)],
+shapes = judge.what_if(program.fn, *args, mesh_shapes=[(1, 8), (2, 4), (4, 2), (8, 1)],
                      hardware=hw, donate_argnums=(0, 1))
 print("fastest shape that fits:", shapes.best)
 shapes
@@ -371,7 +371,7 @@ for name in models.names():
     candidates = {"auto": plans[name]}
     for expert in case.experts:
         candidates[expert] = experts.inspect_expert(case, mesh, expert, hw)
-    comparisons[name] = viz.compare(case.train_step, *case.args, candidates=candidates,
+    comparisons[name] = judge.compare(case.train_step, *case.args, candidates=candidates,
                                     hardware=hw)
     print(f"{name:>10}: {len(case.experts)} expert plans, "
           f"{time.perf_counter() - started:.1f} s")

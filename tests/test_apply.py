@@ -1,16 +1,19 @@
-"""apply constrains a result only where XLA's propagation could lay it out otherwise."""
+"""apply constrains a result only where XLA's propagation could lay it out otherwise, and
+puts each decision's constraints where its node key says."""
 
 import contextlib
 import gc
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import autoshard
 from autoshard import cli, models
 from autoshard.apply import collection_paused, constraining_every_result
-from autoshard.inspect import inspect
+from autoshard.hlo_report import hlo_report
 
 
 def constraint_count(plan) -> int:
@@ -32,7 +35,7 @@ def test_pruned_constraints_keep_the_compiled_step(name, mesh_2d):
     assert pruned.cost.total_s == pytest.approx(full.cost.total_s, rel=1e-9)
     assert constraint_count(pruned) < 0.5 * constraint_count(full)
     args = case.abstract_args()
-    step = [inspect(p.jit(()).lower(*args).compile(), hw, mesh_2d) for p in (pruned, full)]
+    step = [hlo_report(p.jit(()).lower(*args).compile(), hw, mesh_2d) for p in (pruned, full)]
     assert step[0].total_s == pytest.approx(step[1].total_s, rel=1e-6)
     assert step[0].count() == step[1].count()         # the same collectives
     got = jax.device_get(pruned.jit(())(*case.args))
@@ -85,3 +88,65 @@ def test_tracing_the_plan_pauses_the_collector(mesh_2d, monkeypatch):
     paused = collections()
     monkeypatch.setattr(autoshard.apply, "collection_paused", contextlib.nullcontext)
     assert paused < collections() / 2   # the re-interpreted equations run paused
+
+
+# -- the rewriter on hand-written decisions ---------------------------------------------------
+
+def constraints(jaxpr) -> list:
+    """The specs of every with_sharding_constraint in ``jaxpr`` and the jaxprs nested in
+    it, in program order."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "sharding_constraint":
+            found.append(eqn.params["sharding"].spec)
+        for value in eqn.params.values():
+            for inner in (value if isinstance(value, (tuple, list)) else [value]):
+                inner = getattr(inner, "jaxpr", inner)
+                if hasattr(inner, "eqns"):
+                    found += constraints(inner)
+    return found
+
+
+def rewritten(fn, decisions, mesh, *dims):
+    from autoshard.apply import rewrite
+    from autoshard.trace import trace
+    avals = [jax.ShapeDtypeStruct(d, jnp.float32) for d in dims]
+    closed = trace(fn, *avals).closed_jaxpr
+    return jax.make_jaxpr(rewrite(closed, decisions, mesh))(*avals).jaxpr
+
+
+def test_a_decision_constrains_where_its_key_says(mesh_1d):
+    from autoshard.apply import Decision
+    split = (("data",),)
+    fn = lambda x: jnp.cos(jnp.sin(x))                                     # noqa: E731
+    # no decisions: the program as written
+    assert constraints(rewritten(fn, {}, mesh_1d, (64,))) == []
+    # eqn 0 (sin): its result; eqn 1 (cos): its operand, then its result
+    after_sin = rewritten(fn, {(0,): Decision(out_specs=(split,))}, mesh_1d, (64,))
+    assert constraints(after_sin) == [P("data")]
+    assert [e.primitive.name for e in after_sin.eqns] == ["sin", "sharding_constraint", "cos"]
+    both = rewritten(fn, {(1,): Decision(in_specs=(split,), out_specs=(((),),))}, mesh_1d,
+                     (64,))
+    assert [e.primitive.name for e in both.eqns] == [
+        "sin", "sharding_constraint", "cos", "sharding_constraint"]
+    assert constraints(both) == [P("data"), P()]
+
+
+def test_a_carry_seam_constrains_the_loop_at_each_crossing(mesh_1d):
+    from autoshard.apply import Decision
+
+    def fn(c, xs):
+        return jax.lax.scan(lambda c, x: (jnp.sin(c) + x, None), c, xs)[0]
+
+    split = (("data",),)
+    jaxpr = rewritten(fn, {(0, "carry", 0): Decision(out_specs=(split,))}, mesh_1d,
+                      (64,), (3, 64))
+    # the init on the way in, the carry entering and leaving the body, the final carry
+    assert constraints(jaxpr) == [P("data")] * 4
+
+
+def test_a_dynamic_slice_at_a_traced_start_is_kept_apart(mesh_1d):
+    fn = lambda x, i: jax.lax.dynamic_slice_in_dim(x, i.astype(jnp.int32)[0], 8)   # noqa: E731
+    jaxpr = rewritten(fn, {}, mesh_1d, (64,), (1,))
+    names = [e.primitive.name for e in jaxpr.eqns]
+    assert names.index("optimization_barrier") == names.index("dynamic_slice") + 1

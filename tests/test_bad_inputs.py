@@ -16,7 +16,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import autoshard
-from autoshard import cli, viz
+from autoshard import cli, judge, viz
 from autoshard.checkpoint import CheckpointError, Checkpointer, latest_step
 from autoshard.errors import (AutoshardError, HardwareError, InputError, LaunchError, MeshError,
                               OptionError, PathError, PinError, PlanError, TraceError)
@@ -330,14 +330,14 @@ CASES = [
     ("viz sharding unknown path", lambda c: viz.sharding(c.plan, "nope"), PlanError, "nope"),
     ("viz sharding int path", lambda c: viz.sharding(c.plan, 1), PlanError, "int"),
     ("viz explain unknown path", lambda c: viz.explain(c.plan, "wq"), PlanError, "wq"),
-    ("viz what_if fn int", lambda c: viz.what_if(3, W, BATCH), InputError, "what_if"),
-    ("viz what_if axes differ", lambda c: viz.what_if(loss, W, BATCH, mesh_shapes=[(2, 2, 2)]),
+    ("judge what_if fn int", lambda c: judge.what_if(3, W, BATCH), InputError, "what_if"),
+    ("judge what_if axes differ", lambda c: judge.what_if(loss, W, BATCH, mesh_shapes=[(2, 2, 2)]),
      AutoshardError, "(2, 2, 2)"),
-    ("viz compare candidates list", lambda c: viz.compare(loss, W, BATCH, candidates=[c.plan]),
+    ("judge compare candidates list", lambda c: judge.compare(loss, W, BATCH, candidates=[c.plan]),
      OptionError, "candidates"),
-    ("viz compare candidates empty", lambda c: viz.compare(loss, W, BATCH, candidates={}),
+    ("judge compare candidates empty", lambda c: judge.compare(loss, W, BATCH, candidates={}),
      OptionError, "candidates"),
-    ("viz compare mesh str", lambda c: viz.compare(loss, W, BATCH, candidates={"a": c.plan},
+    ("judge compare mesh str", lambda c: judge.compare(loss, W, BATCH, candidates={"a": c.plan},
                                                    mesh="2x4"), MeshError, "mesh"),
     ("viz scoreboard int view", lambda c: viz.scoreboard({"gpt": 1}), OptionError, "gpt"),
     ("viz scoreboard list", lambda c: viz.scoreboard([]), OptionError, "comparisons"),

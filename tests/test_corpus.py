@@ -20,7 +20,7 @@ import pytest  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 
 import autoshard  # noqa: E402
-from autoshard.inspect import inspect  # noqa: E402
+from autoshard.hlo_report import hlo_report  # noqa: E402
 
 eqx = pytest.importorskip("equinox")
 
@@ -80,7 +80,7 @@ def test_equinox_module_compiles_from_lower(mesh_2d):
     model, (x, y) = _mlp(), _xy()
     plan = autoshard.plan(_mlp_step, model, x, y, mesh=mesh_2d, progress=False)
     compiled = plan.jit().lower(model, x, y).compile()
-    assert inspect(compiled, plan.hardware, mesh_2d).total_s > 0
+    assert hlo_report(compiled, plan.hardware, mesh_2d).total_s > 0
 
 
 def test_equinox_module_with_another_static_value_is_refused(mesh_2d):
@@ -211,8 +211,8 @@ def test_corpus_step_matches_one_device(name, mesh_name):
 @pytest.mark.parametrize("name", CASE_NAMES)
 def test_corpus_plan_no_worse_than_best_expert(name, mesh_name):
     case, mesh, plan = _case(name), _mesh(mesh_name), _plan(name, mesh_name)
-    auto = inspect(_compiled(name, mesh_name), plan.hardware, mesh).total_s
-    best = min(inspect(case.compile_expert(mesh, e), plan.hardware, mesh).total_s
+    auto = hlo_report(_compiled(name, mesh_name), plan.hardware, mesh).total_s
+    best = min(hlo_report(case.compile_expert(mesh, e), plan.hardware, mesh).total_s
                for e in case.expert_names())
     if auto > best:
         _xfail_if_only_pending(name, f"auto {auto * 1e6:.2f} us > best expert "

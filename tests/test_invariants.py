@@ -22,7 +22,7 @@ import autoshard
 from autoshard import api, models, specs
 from autoshard.coarsen import coarsen, drop_dominated
 from autoshard.cost import build_cost_graph
-from autoshard.mesh import axis_sizes
+from autoshard.units import axis_sizes
 from autoshard.models.case import TrainCase
 from autoshard.solve import evaluate, solve
 from autoshard.strategies import build_strategies

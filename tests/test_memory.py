@@ -11,7 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 import autoshard
 from autoshard import models
-from autoshard.inspect import inspect
+from autoshard.hlo_report import hlo_report
 from autoshard.testing import programs
 
 TOLERANCE = 0.10
@@ -19,7 +19,7 @@ TOLERANCE = 0.10
 
 def compiled_memory(plan, args, donate_argnums=()):
     compiled = plan.jit(donate_argnums=donate_argnums).lower(*args).compile()
-    return inspect(compiled, plan.hardware, plan.mesh)
+    return hlo_report(compiled, plan.hardware, plan.mesh)
 
 
 def test_gathered_weight_is_counted(mesh_1d):

@@ -13,7 +13,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import autoshard
-import autoshard.inspect
+import autoshard.hlo_report
 from autoshard import experts, models, train
 
 CORE = [("mlp", "tiny"), ("gpt", "tiny"), ("gpt_scan", "tiny"), ("moe", "tiny"),
@@ -154,7 +154,7 @@ def test_expert_step_matches_one_device(plan_name, mesh_2d):
     got = experts.jit_expert(case, mesh_2d, plan_name, donate=False)(*case.args)
     assert_matches(case, got, reference("moe", "tiny"))
     compiled = experts.compile_expert(case, mesh_2d, plan_name)
-    report = autoshard.inspect.inspect(compiled, autoshard.H100, mesh_2d)
+    report = autoshard.hlo_report.hlo_report(compiled, autoshard.H100, mesh_2d)
     assert report.memory_bytes > 0
 
 
@@ -230,7 +230,7 @@ def test_priced_budget_plan_matches_one_device(mesh_1d, monkeypatch):
                           cache=False)
     assert plan.solver["status"] in ("priced", "optimal")
     compiled = plan.jit().lower(*case.args).compile()     # judged as XLA counts it
-    assert autoshard.inspect.inspect(compiled, plan.hardware, mesh_1d).memory_bytes <= budget
+    assert autoshard.hlo_report.hlo_report(compiled, plan.hardware, mesh_1d).memory_bytes <= budget
     assert plan.solver["lower_bound_s"] <= plan.cost.total_s * (1 + 1e-6)
     assert_matches(case, plan.jit()(*case.args), reference("gpt", "tiny"))
 

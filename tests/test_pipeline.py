@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import autoshard
-from autoshard.inspect import inspect
+from autoshard.hlo_report import hlo_report
 
 D_MODEL, FFN, ROWS, LAYERS = 128, 512, 16384, 3
 HW = autoshard.Hardware(flops=1e12, hbm_bandwidth=1e11, memory=80e9,
@@ -63,7 +63,7 @@ def assert_matches(got, expected):
 
 
 def compiled_report(plan_, args):
-    return inspect(plan_.jit().lower(*args).compile(), plan_.hardware, plan_.mesh)
+    return hlo_report(plan_.jit().lower(*args).compile(), plan_.hardware, plan_.mesh)
 
 
 # -- autoshard.value_and_grad outside plan -------------------------------------------------

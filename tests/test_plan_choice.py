@@ -8,7 +8,7 @@ from jax.sharding import PartitionSpec as P
 
 import autoshard
 from autoshard import specs
-from autoshard.inspect import inspect
+from autoshard.hlo_report import hlo_report
 from autoshard.testing import programs
 
 
@@ -34,7 +34,7 @@ def test_small_batch_big_weights_is_megatron(mesh_1d):
     plan = autoshard.plan(program.fn, *program.args, mesh=mesh, pins={"out": P()})
     assert spec_of(plan, "params['w1']") == P(None, "model")
     assert spec_of(plan, "params['w2']") == P("model")
-    report = inspect(plan.jit().lower(*program.args).compile(), plan.hardware, mesh)
+    report = hlo_report(plan.jit().lower(*program.args).compile(), plan.hardware, mesh)
     weight_bytes = 8192 * 8192 * 4
     gathers = [c for c in report.collectives if c.kind == "all-gather"]
     assert all(c.num_bytes < weight_bytes / 8 for c in gathers), gathers
@@ -46,13 +46,13 @@ def test_tight_memory_shards_parameters_and_optimizer_state(mesh_1d):
     fn, args = programs.mlp_adam_abstract(batch=8, d=1024, depth=4)
     dp = autoshard.plan(fn, *args, mesh=mesh_1d, donate_argnums=(0, 1),
                         pins={"params": P(), "opt_state": P()})
-    dp_memory = inspect(dp.jit().lower(*args).compile(), dp.hardware, mesh_1d).memory_bytes
+    dp_memory = hlo_report(dp.jit().lower(*args).compile(), dp.hardware, mesh_1d).memory_bytes
     budget = dp_memory * 0.5
     plan = autoshard.plan(fn, *args, mesh=mesh_1d, donate_argnums=(0, 1),
                           memory_budget=budget)
     weights = [a for a in plan.arguments if a.path.endswith("['w']")]
     assert weights and all(specs.spec_axes(a.spec) for a in weights)
-    compiled = inspect(plan.jit().lower(*args).compile(), plan.hardware, mesh_1d)
+    compiled = hlo_report(plan.jit().lower(*args).compile(), plan.hardware, mesh_1d)
     assert compiled.memory_bytes <= budget, (compiled.memory_bytes, budget)
 
 
@@ -95,9 +95,9 @@ def test_scan_over_layers_with_large_batch_is_data_parallel_inside_the_loop(mesh
     plan = autoshard.plan(fn, *args, mesh=mesh_1d, donate_argnums=(0,))
     assert spec_of(plan, "x") == P("data")
     assert spec_of(plan, "params['w1']") == P() and spec_of(plan, "params['w2']") == P()
-    report = inspect(plan.jit(donate_argnums=(0,)).lower(*args).compile(), plan.hardware,
+    report = hlo_report(plan.jit(donate_argnums=(0,)).lower(*args).compile(), plan.hardware,
                      mesh_1d)
-    single = inspect(jax.jit(fn).lower(*args).compile(), plan.hardware)
+    single = hlo_report(jax.jit(fn).lower(*args).compile(), plan.hardware)
     assert report.flops * 8 == single.flops   # the loop bodies run on 1/8 of the batch
     # one all-reduce per backward iteration (4) and one for the loss
     assert report.count("all-reduce") == 5
@@ -129,7 +129,7 @@ def test_a_copy_two_readers_want_is_priced_once(mesh_1d):
     gathers x once, and the plan prices one gather, not one per reader."""
     fn, args, pins = two_readers_of_x(mesh_1d.axis_names[0])
     plan = autoshard.plan(fn, *args, mesh=mesh_1d, cache=False, pins=pins)
-    report = inspect(plan.jit().lower(*args).compile(), plan.hardware, mesh_1d)
+    report = hlo_report(plan.jit().lower(*args).compile(), plan.hardware, mesh_1d)
     gathers = [c for c in report.collectives if c.kind == "all-gather"]
     assert len(gathers) == 1 and gathers[0].num_bytes == 64 * 256 * 4
     assert plan.cost.reshard_s == pytest.approx(gathers[0].seconds, rel=0.01)
@@ -148,7 +148,7 @@ def test_sibling_reductions_pay_one_latency(mesh_1d):
     row = {"a": P(None, axis), "b": P(None, axis), "c": P(None, axis),
            "w1": P(axis), "w2": P(axis), "w3": P(axis), "v": P(), "out": P()}
     plan = autoshard.plan(fn, *args, mesh=mesh_1d, cache=False, pins=row)
-    report = inspect(plan.jit().lower(*args).compile(), plan.hardware, mesh_1d)
+    report = hlo_report(plan.jit().lower(*args).compile(), plan.hardware, mesh_1d)
     assert report.count("all-reduce") < 3
     assert plan.cost.comm_s == pytest.approx(report.comm_s, rel=0.05)
 
@@ -167,7 +167,7 @@ def test_a_reduction_after_a_trailing_one_pays_its_own_latency(mesh_1d):
     pins = {"a": P(None, axis), "b": P(None, axis), "w1": P(axis), "w2": P(axis),
             "out[1]": P()}
     plan = autoshard.plan(fn, x, x, w, w, mesh=mesh_1d, cache=False, pins=pins)
-    report = inspect(plan.jit().lower(x, x, w, w).compile(), plan.hardware, mesh_1d)
+    report = hlo_report(plan.jit().lower(x, x, w, w).compile(), plan.hardware, mesh_1d)
     assert report.count("all-reduce") == 1
     assert plan.cost.comm_s == pytest.approx(report.comm_s, rel=0.05)
 
@@ -180,7 +180,7 @@ def test_a_sum_over_dims_split_on_two_axes_is_two_all_reduces(mesh_2d):
     x = jax.ShapeDtypeStruct((64, 32, 32, 256), jnp.float32)   # too big to gather
     plan = autoshard.plan(lambda x: x.sum(axis=(0, 1, 2)), x, mesh=mesh_2d, cache=False,
                           pins={"x": P(None, second, first), "out": P()})
-    report = inspect(plan.jit().lower(x).compile(), plan.hardware, mesh_2d)
+    report = hlo_report(plan.jit().lower(x).compile(), plan.hardware, mesh_2d)
     assert sorted(c.axes for c in report.collectives) == [(first,), (second,)]
     assert plan.cost.comm_s == pytest.approx(report.comm_s, rel=0.05)
 

@@ -69,7 +69,7 @@ CHEAP_LINKS = autoshard.Hardware(flops=1e6, hbm_bandwidth=1e6, link_bandwidth=1e
 
 def reader_strategies(fn, args, mesh, primitive):
     """Per node reading a result of ``primitive``: its strategies' specs for that operand."""
-    from autoshard.mesh import axis_sizes
+    from autoshard.units import axis_sizes
     from autoshard.strategies import build_strategies
     from autoshard.trace import build_graph, trace_program
     graph = build_graph(trace_program(fn, *args))
@@ -110,7 +110,7 @@ def test_zero_size_arrays_stay_replicated(mesh_2d):
     plan = autoshard.plan(fn, x, mesh=mesh_2d, hardware=CHEAP_LINKS, cache=False,
                           progress=False)
     assert plan.out_specs == (((), ()), ((),))
-    from autoshard.mesh import axis_sizes
+    from autoshard.units import axis_sizes
     from autoshard.strategies import build_strategies
     from autoshard.trace import build_graph, trace_program
     graph = build_graph(trace_program(fn, x))

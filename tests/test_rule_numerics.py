@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import autoshard
-from autoshard import inspect as inspect_lib
+from autoshard import hlo_report as hlo_lib
 from autoshard.hardware import H100
 from jax.sharding import PartitionSpec as P
 
@@ -170,11 +170,11 @@ def test_depthwise_conv_splits_on_channels(mesh_2d):
     plan = plan_without_fallback(step, *args, mesh=mesh_2d)
     assert_matches_one_device(plan, step, *args)
     assert plan.in_shardings[1].spec == P(None, None, None, ("data", "model"))
-    auto = inspect_lib.inspect(plan.jit().lower(*args).compile(), H100, mesh_2d)
+    auto = hlo_lib.hlo_report(plan.jit().lower(*args).compile(), H100, mesh_2d)
     replicated = jax.sharding.NamedSharding(mesh_2d, P())
     batch = jax.sharding.NamedSharding(mesh_2d, P("data"))
     data_parallel = jax.jit(step, in_shardings=([replicated] * 2, batch))
-    dp = inspect_lib.inspect(data_parallel.lower(*args).compile(), H100, mesh_2d)
+    dp = hlo_lib.hlo_report(data_parallel.lower(*args).compile(), H100, mesh_2d)
     assert auto.total_s < dp.total_s
     assert auto.count() == auto.count("all-reduce") == 1
 

@@ -8,7 +8,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import autoshard
-from autoshard import specs, viz
+from autoshard import cli, judge, specs, viz
 from autoshard.testing import programs
 
 
@@ -243,7 +243,7 @@ def test_diff_of_mismatched_plans_names_the_culprit(plan, mesh_2d):
 # -- what if ------------------------------------------------------------------------------------
 
 def test_what_if_plans_each_mesh_shape(mlp):
-    view = viz.what_if(mlp.fn, *mlp.args, mesh_shapes=[(2, 4), (8, 1)])
+    view = judge.what_if(mlp.fn, *mlp.args, mesh_shapes=[(2, 4), (8, 1)])
     assert list(view.plans) == ["2×4", "8×1"]
     for name, row in zip(view.plans, view.rows()):
         p = view.plans[name]
@@ -258,14 +258,14 @@ def test_what_if_plans_each_mesh_shape(mlp):
     assert_labelled(view.plot())
     assert "2×4" in str(view) and "<table>" in view._repr_html_()
     with pytest.raises(autoshard.AutoshardError, match="has 3 axes"):
-        viz.what_if(mlp.fn, *mlp.args, mesh_shapes=[(2, 2, 2)])
+        judge.what_if(mlp.fn, *mlp.args, mesh_shapes=[(2, 2, 2)])
 
 
 def test_compare_expert_and_auto_by_compiled_programs(plan, mlp):
     mesh = plan.mesh
     dp = (jax.tree.map(lambda _: NamedSharding(mesh, P()), mlp.args[0]),
           jax.tree.map(lambda _: NamedSharding(mesh, P(("data", "model"))), mlp.args[1]))
-    view = viz.compare(mlp.fn, *mlp.args, candidates={"auto": plan, "data parallel": dp})
+    view = judge.compare(mlp.fn, *mlp.args, candidates={"auto": plan, "data parallel": dp})
     rows = {r["plan"]: r for r in view.rows()}
     assert rows["auto"]["predicted_total_s"] == plan.cost.total_s
     assert rows["data parallel"]["predicted_total_s"] is None
@@ -318,14 +318,14 @@ def test_views_of_an_abstract_plan(abstract, abstract_plan):
 
 
 def test_command_line_saves_figures(tmp_path, capsys):
-    assert viz.main(["mlp_train_step", "--mesh", "2x4", "--out", str(tmp_path)]) == 0
+    assert cli.main(["view", "mlp_train_step", "--mesh", "2x4", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "breakdown.png").stat().st_size > 0
     assert (tmp_path / "memory.png").stat().st_size > 0
     assert "params['layers'][0]['w']" in capsys.readouterr().out
 
 
 def test_scoreboard_ratios_against_the_fastest_other_plan():
-    from autoshard.inspect import Report
+    from autoshard.hlo_report import Report
 
     def report(total_s, memory_bytes):
         return Report(flops=0, bytes_accessed=0, compute_s=total_s / 2, comm_s=total_s / 2,

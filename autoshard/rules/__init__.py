@@ -8,7 +8,8 @@ that must not be split. ``str(einsum)`` is the golden form tests compare, e.g.
 ``"bmk,bkn->bmn reduce={k}"``.
 
 Rules are registered right under their definition with ``@register("name", ...)``;
-``rule_for`` falls back to a fully replicated rule and warns once per primitive.
+``rule_for`` falls back to a fully replicated rule and warns (Python's warning filters
+show each primitive's warning once per process by default).
 Primitives kept whole on purpose are listed with their reason in ``replicated``;
 ``coverage`` sorts every primitive JAX defines into ruled, planned by trace or replicated
 (``python -m autoshard.rules.coverage`` writes ``docs/coverage.md``).
@@ -56,7 +57,6 @@ class Einsum:
 
 Rule = Callable[[Node], Einsum]
 RULES: dict[str, Rule] = {}
-_warned: set[str] = set()
 
 
 def register(*names: str):
@@ -91,18 +91,11 @@ class LabelMaker:
         return label if self.sizes[label] > 1 else None
 
 
-def replicated_rule(node: Node) -> Einsum:
-    operands = tuple((None,) * len(s) for s in node.operand_shapes)
-    return Einsum(operands, tuple(() for _ in node.outputs), {})
-
-
 def rule_for(node: Node, out_shapes) -> Einsum:
     rule = RULES.get(node.primitive)
     if rule is None:
-        if node.primitive not in _warned:
-            _warned.add(node.primitive)
-            warnings.warn(f"autoshard: no sharding rule for primitive '{node.primitive}'; "
-                          "its operands and results stay replicated", stacklevel=2)
+        warnings.warn(f"autoshard: no sharding rule for primitive '{node.primitive}'; its "
+                      "operands and results stay replicated", stacklevel=2)
         return replicate_all(node, out_shapes)
     return rule(node, out_shapes)
 

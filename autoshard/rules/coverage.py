@@ -20,7 +20,7 @@ import re
 
 from autoshard.rules import RULES, replicate_all
 from autoshard.rules.replicated import REPLICATED
-from autoshard.trace import INLINED
+from autoshard.interpret import INLINED
 
 # Packages walked whole, and single modules, that define primitives.
 PACKAGES = ("jax._src.lax", "jax._src.random", "jax._src.nn")
@@ -28,7 +28,7 @@ MODULES = ("jax._src.ad_util", "jax._src.ad_checkpoint", "jax._src.custom_deriva
            "jax._src.pjit", "jax._src.dispatch", "jax._src.debugging", "jax._src.callback",
            "jax._src.checkify")
 
-# Bodies trace plans itself: nested calls inlined (autoshard.trace.INLINED), loops and
+# Bodies trace plans itself: nested calls inlined (autoshard.interpret.INLINED), loops and
 # branches kept as units whose bodies are planned.
 TRACED = {
     **{name: "its body is inlined" for name in INLINED},

@@ -9,7 +9,7 @@ import jax
 from autoshard.rules import Einsum, LabelMaker, register
 
 
-def _move(operand_shapes, out_shapes, operand_terms, out_terms, labels) -> Einsum:
+def _move(operand_terms, out_terms, labels) -> Einsum:
     return Einsum(tuple(operand_terms), tuple(out_terms), labels.sizes, fusible=True)
 
 
@@ -22,7 +22,7 @@ def broadcast_in_dim(node, out_shapes) -> Einsum:
     term = tuple(out[o] if operand[i] == out_shape[o] else None
                  for i, o in enumerate(node.params["broadcast_dimensions"]))
     extra = [(None,) * len(s) for s in node.operand_shapes[1:]]  # dynamic shapes
-    return _move(node.operand_shapes, out_shapes, [term, *extra], [tuple(out)], labels)
+    return _move([term, *extra], [tuple(out)], labels)
 
 
 def reshape_groups(in_shape, out_shape):
@@ -56,7 +56,7 @@ def reshape(node, out_shapes) -> Einsum:
             label = labels.shrink(labels.new(in_shape[gi[0]]), out_shape[gj[0]])
             in_t[gi[0]] = out_t[gj[0]] = label
     extra = [(None,) * len(s) for s in node.operand_shapes[1:]]
-    return _move(node.operand_shapes, out_shapes, [tuple(in_t), *extra], [tuple(out_t)], labels)
+    return _move([tuple(in_t), *extra], [tuple(out_t)], labels)
 
 
 @register("transpose")
@@ -65,7 +65,7 @@ def transpose(node, out_shapes) -> Einsum:
     labels = LabelMaker()
     in_t = [labels.new(d) for d in in_shape]
     out_t = tuple(in_t[p] for p in node.params["permutation"])
-    return _move(node.operand_shapes, out_shapes, [tuple(in_t)], [out_t], labels)
+    return _move([tuple(in_t)], [out_t], labels)
 
 
 @register("squeeze")
@@ -75,7 +75,7 @@ def squeeze(node, out_shapes) -> Einsum:
     labels = LabelMaker()
     in_t = [None if i in dims else labels.new(d) for i, d in enumerate(in_shape)]
     out_t = tuple(l for i, l in enumerate(in_t) if i not in dims)
-    return _move(node.operand_shapes, out_shapes, [tuple(in_t)], [out_t], labels)
+    return _move([tuple(in_t)], [out_t], labels)
 
 
 @register("expand_dims")
@@ -86,7 +86,7 @@ def expand_dims(node, out_shapes) -> Einsum:
     it = iter(in_t)
     out_t = tuple(None if d == 1 and i in node.params["dimensions"] else next(it)
                   for i, d in enumerate(out_shapes[0]))
-    return _move(node.operand_shapes, out_shapes, [tuple(in_t)], [out_t], labels)
+    return _move([tuple(in_t)], [out_t], labels)
 
 
 def _keep_dims(node, out_shapes, whole_dims) -> Einsum:

@@ -1,4 +1,4 @@
-"""autoshard.inspect: the compiled program, priced.
+"""autoshard.hlo_report: the compiled program, priced.
 
 Snippets under tests/hlo/ are real CPU ``compiled.as_text()`` output of this jax version
 (explicit_groups, iota_groups, cpu_reduce_scatter, convolution: lightly edited) or
@@ -18,8 +18,8 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from autoshard.hardware import (Hardware, all_gather_seconds, all_reduce_seconds,
                                 all_to_all_seconds, collective_permute_seconds,
                                 reduce_scatter_seconds)
-from autoshard.inspect import (Report, inspect, parse_hlo, parse_replica_groups,
-                               report_from_hlo_text)
+from autoshard.hlo_report import (Report, hlo_report, parse_hlo, parse_replica_groups,
+                                  report_from_hlo_text)
 
 HLO = pathlib.Path(__file__).parent / "hlo"
 LATENCY = 1e-6
@@ -233,7 +233,7 @@ X, W = jnp.ones((64, 256), jnp.float32), jnp.ones((256, 512), jnp.float32)
 
 def test_column_sharded_matmul_has_no_collectives(mesh8):
     compiled = _compile(_matmul, mesh8, [P(), P(None, "x")], P(None, "x"), X, W)
-    report = inspect(compiled, HW, mesh8)
+    report = hlo_report(compiled, HW, mesh8)
     # each device: x[64,256] @ w[256,64]: 2*64*256*512/8 = 2097152 flops
     assert report.flops == 2 * 64 * 256 * 512 // 8
     assert report.collectives == () and report.comm_s == 0
@@ -249,7 +249,7 @@ def test_column_sharded_matmul_has_no_collectives(mesh8):
 
 def test_row_sharded_matmul_all_reduces_once(mesh8):
     compiled = _compile(_matmul, mesh8, [P(None, "x"), P("x", None)], P(), X, W)
-    report = inspect(compiled, HW, mesh8)
+    report = hlo_report(compiled, HW, mesh8)
     assert report.flops == 2 * 64 * 256 * 512 // 8  # contraction split 8 ways
     (ar,) = report.collectives
     # partial out[64,512] f32 summed over all 8 devices: 64*512*4 = 131072 bytes
@@ -265,14 +265,14 @@ def test_2x4_mesh_attributes_axes(mesh2x4):
     # contraction sharded over 'model': partial out[32,512] summed over groups of 4
     compiled = _compile(_matmul, mesh2x4, [P("data", "model"), P("model", None)],
                         P("data", None), X, W)
-    (ar,) = inspect(compiled, HW, mesh2x4).collectives
+    (ar,) = hlo_report(compiled, HW, mesh2x4).collectives
     assert (ar.kind, ar.num_bytes, ar.group_size, ar.axes) == (
         "all-reduce", 32 * 512 * F32, 4, ("model",))
     assert ar.seconds == pytest.approx(all_reduce_seconds(65536, 4, 5e10, LATENCY))
     # contraction sharded over 'data': partial out[16,512] summed over pairs
     compiled = _compile(_matmul, mesh2x4, [P("model", "data"), P("data", None)],
                         P("model", None), X, W)
-    report = inspect(compiled, HW, mesh2x4)
+    report = hlo_report(compiled, HW, mesh2x4)
     (ar,) = report.collectives
     assert (ar.kind, ar.num_bytes, ar.group_size, ar.axes) == (
         "all-reduce", 16 * 512 * F32, 2, ("data",))
@@ -287,7 +287,7 @@ def test_scan_trip_count_multiplies_collectives_and_flops(mesh8):
 
     ws = jnp.ones((5, 256, 256), jnp.float32)
     compiled = _compile(scan, mesh8, [P(None, "x"), P(None, "x", None)], P(), X, ws)
-    report = inspect(compiled, HW, mesh8)
+    report = hlo_report(compiled, HW, mesh8)
     # per step: c[64,32] @ w[32,256] = 2*64*256*32 = 1048576 flops; 5 steps
     assert report.flops == 5 * 2 * 64 * 256 * 32
     in_loop = [c for c in report.collectives if c.count == 5]
@@ -324,7 +324,7 @@ def test_scan_reads_one_slice_of_the_stack_per_iteration(dtype):
     for layers in (8, 64):
         ws = jax.ShapeDtypeStruct((layers, 256, 256), dtype)
         x = jax.ShapeDtypeStruct((64, 256), dtype)
-        report = inspect(jax.jit(scan).lower(ws, x).compile(), HW)
+        report = hlo_report(jax.jit(scan).lower(ws, x).compile(), HW)
         per_iteration.append(report.bytes_accessed / layers)
     assert per_iteration[1] == pytest.approx(per_iteration[0], rel=0.1)
     # at least the layer's weights (256 KiB in f32) are read each iteration
@@ -333,12 +333,12 @@ def test_scan_reads_one_slice_of_the_stack_per_iteration(dtype):
 
 def test_cpu_reduce_scatter_prices_like_a_real_reduce_scatter(mesh8):
     # auto-sharded: CPU emits all-reduce + dynamic-slice
-    auto = inspect(_compile(_matmul, mesh8, [P(None, "x"), P("x", None)], P("x", None), X, W),
+    auto = hlo_report(_compile(_matmul, mesh8, [P(None, "x"), P("x", None)], P("x", None), X, W),
                    HW, mesh8)
     # shard_map psum_scatter: a real reduce-scatter op of the same partial product
     f = jax.shard_map(lambda x, w: jax.lax.psum_scatter(x @ w, "x", tiled=True), mesh=mesh8,
                       in_specs=(P(None, "x"), P("x", None)), out_specs=P("x", None))
-    real = inspect(jax.jit(f).lower(X, W).compile(), HW, mesh8)
+    real = hlo_report(jax.jit(f).lower(X, W).compile(), HW, mesh8)
     (a,), (r,) = auto.collectives, real.collectives
     assert a.kind == r.kind == "reduce-scatter"
     assert (a.num_bytes, a.group_size, a.axes) == (r.num_bytes, r.group_size, r.axes)
@@ -363,7 +363,7 @@ def test_report_helpers(mesh8):
 def test_all_to_all_num_bytes(mesh2x4):
     f = jax.shard_map(lambda a: jax.lax.all_to_all(a, "model", 0, 1, tiled=True), mesh=mesh2x4,
                       in_specs=P("data", "model"), out_specs=P("data", "model"))
-    report = inspect(jax.jit(f).lower(jnp.ones((64, 32), jnp.float32)).compile(), HW, mesh2x4)
+    report = hlo_report(jax.jit(f).lower(jnp.ones((64, 32), jnp.float32)).compile(), HW, mesh2x4)
     (a2a,) = report.collectives
     # the local block f32[32,8] = 1024 bytes, exchanged within each 'model' row
     assert (a2a.kind, a2a.num_bytes, a2a.group_size, a2a.axes) == (
@@ -377,3 +377,15 @@ def test_partition_ids_follow_mesh_device_order():
     mesh = jax.sharding.Mesh(devices, ("data", "model"), axis_types=(AxisType.Auto,) * 2)
     (ar,) = _snippet("explicit_groups.hlo", mesh).collectives
     assert ar.axes == ("data",)
+
+
+def test_the_old_module_name_warns_and_gives_the_same_functions():
+    import importlib
+    import sys
+
+    import autoshard.hlo_report as hlo
+    sys.modules.pop("autoshard.inspect", None)
+    with pytest.warns(DeprecationWarning, match="autoshard.hlo_report"):
+        old = importlib.import_module("autoshard.inspect")
+    assert old.inspect is hlo.hlo_report and old.Report is hlo.Report
+    assert old.Collective is hlo.CompiledCollective
