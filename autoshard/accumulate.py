@@ -62,6 +62,8 @@ _SETTING: contextvars.ContextVar = contextvars.ContextVar("autoshard_microbatchi
 _RECORD: contextvars.ContextVar = contextvars.ContextVar("autoshard_trace_record",
                                                         default=None)
 _MESH: contextvars.ContextVar = contextvars.ContextVar("autoshard_mesh", default=None)
+_TO_BEAT: contextvars.ContextVar = contextvars.ContextVar("autoshard_seconds_to_beat",
+                                                         default=None)
 
 
 @contextlib.contextmanager
@@ -75,6 +77,12 @@ def microbatching(setting: Microbatching | None, record: TraceRecord | None = No
     finally:
         for var, token in zip((_SETTING, _RECORD, _MESH), tokens):
             var.reset(token)
+
+
+def seconds_to_beat() -> float | None:
+    """Step seconds of the best plan found so far for the program being planned under
+    another setting: a plan no faster is not wanted (None: every plan is)."""
+    return _TO_BEAT.get()
 
 
 def active_pipeline() -> Pipelining | None:
@@ -232,6 +240,12 @@ def plan_with_microbatches(plan_fn: Callable, fn: Callable, args, mesh, microbat
     ``plan_fn(fn, *args)`` plans one traced program (``autoshard.plan`` with the caller's
     options). The replica axes are those the plan without microbatches splits the batch
     over; when that plan does not fit, each choice of axes is tried.
+
+    Settings are tried fastest first (fewer microbatches, less recomputed); one whose
+    memory floor exceeds the budget is rejected before solving, and once a plan fits,
+    one that cannot beat it regardless of memory is dropped before solving under the
+    budget (``seconds_to_beat``). ``"auto"`` stops at the first K none of whose settings
+    beats the best of fewer microbatches, unless memory rejected some of them.
     """
     check_microbatches(microbatches)
     microbatches = 1 if microbatches is None else microbatches
@@ -240,7 +254,8 @@ def plan_with_microbatches(plan_fn: Callable, fn: Callable, args, mesh, microbat
     base, failure, best = None, None, None
     for policy in remats:   # K = 1
         setting = None if policy is None else Microbatching(1, remat=policy)
-        candidate, failure = plan_within_budget(plan_fn, fn, args, setting, failure, record)
+        candidate, failure, _ = plan_within_budget(plan_fn, fn, args, setting, failure,
+                                                   record, _seconds(best))
         if candidate is None:
             continue
         candidate.microbatching = setting
@@ -261,14 +276,18 @@ def plan_with_microbatches(plan_fn: Callable, fn: Callable, args, mesh, microbat
     if microbatches == 1:
         counts = []
     for k in counts:
-        found = None
+        found, outpaced, rejected = None, False, False
         for axes in candidates:
             replicas = int(np.prod([sizes[a] for a in axes], dtype=int))
             if size % (k * replicas):
                 continue
             for policy in remats:
                 setting = Microbatching(k, axes, replicas, remat=policy)
-                candidate, failure = plan_within_budget(plan_fn, fn, args, setting, failure)
+                candidate, failure, slower = plan_within_budget(
+                    plan_fn, fn, args, setting, failure, None,
+                    _seconds(found, best))
+                outpaced = outpaced or slower
+                rejected = rejected or candidate is None and not slower
                 if candidate is None:
                     continue
                 candidate.microbatching = setting
@@ -276,7 +295,7 @@ def plan_with_microbatches(plan_fn: Callable, fn: Callable, args, mesh, microbat
                     found = candidate
         if found is not None and (best is None or found.cost.total_s < best.cost.total_s):
             best = found
-        elif found is not None and microbatches == "auto":
+        elif (found is not None or outpaced and not rejected) and microbatches == "auto":
             break   # a fitting plan no faster than fewer microbatches: more only add loops
     if best is None:
         if failure is not None:
@@ -284,6 +303,12 @@ def plan_with_microbatches(plan_fn: Callable, fn: Callable, args, mesh, microbat
         raise InputError(f"batch of {size} rows does not split into {microbatches} "
                          f"microbatches on mesh {sizes}")
     return best
+
+
+def _seconds(*plans) -> float | None:
+    """Step seconds of the fastest of ``plans`` (None where every one is None)."""
+    found = [p.cost.total_s for p in plans if p is not None]
+    return min(found) if found else None
 
 
 def check_microbatches(microbatches) -> None:
@@ -296,15 +321,22 @@ def check_microbatches(microbatches) -> None:
                          f"not {microbatches!r}")
 
 
-def plan_within_budget(plan_fn, fn, args, setting, failure, record=None):
+def plan_within_budget(plan_fn, fn, args, setting, failure, record=None, beat=None):
     """``plan_fn(fn, *args)`` traced under ``setting``, and the last budget failure: (the
-    plan, ``failure``), or (None, the ``MemoryBudgetError``) where no plan fits."""
+    plan, ``failure``, False), or (None, the ``MemoryBudgetError``, False) where no plan
+    fits, or (None, ``failure``, True) where no plan is faster than ``beat`` seconds."""
     from autoshard.errors import MemoryBudgetError
-    with microbatching(setting, record):
-        try:
-            return plan_fn(fn, *args), failure
-        except MemoryBudgetError as e:
-            return None, e
+    from autoshard.solve import CannotBeat
+    token = _TO_BEAT.set(beat)
+    try:
+        with microbatching(setting, record):
+            return plan_fn(fn, *args), failure, False
+    except MemoryBudgetError as e:
+        return None, e, False
+    except CannotBeat:
+        return None, failure, True
+    finally:
+        _TO_BEAT.reset(token)
 
 
 def replica_candidates(base, size: int, sizes: dict) -> list[tuple[str, ...]]:
