@@ -26,6 +26,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import time
 from typing import Callable, Sequence
 
 import jax
@@ -252,10 +253,11 @@ def plan_with_microbatches(plan_fn: Callable, fn: Callable, args, mesh, microbat
     remats = remat_choices(remat)
     record = TraceRecord()
     base, failure, best = None, None, None
+    trail: list[dict] = []   # every setting tried, as plan.solver["settings"] lists them
     for policy in remats:   # K = 1
         setting = None if policy is None else Microbatching(1, remat=policy)
         candidate, failure, _ = plan_within_budget(plan_fn, fn, args, setting, failure,
-                                                   record, _seconds(best))
+                                                   record, _seconds(best), trail)
         if candidate is None:
             continue
         candidate.microbatching = setting
@@ -284,8 +286,7 @@ def plan_with_microbatches(plan_fn: Callable, fn: Callable, args, mesh, microbat
             for policy in remats:
                 setting = Microbatching(k, axes, replicas, remat=policy)
                 candidate, failure, slower = plan_within_budget(
-                    plan_fn, fn, args, setting, failure, None,
-                    _seconds(found, best))
+                    plan_fn, fn, args, setting, failure, None, _seconds(found, best), trail)
                 outpaced = outpaced or slower
                 rejected = rejected or candidate is None and not slower
                 if candidate is None:
@@ -302,6 +303,7 @@ def plan_with_microbatches(plan_fn: Callable, fn: Callable, args, mesh, microbat
             raise failure
         raise InputError(f"batch of {size} rows does not split into {microbatches} "
                          f"microbatches on mesh {sizes}")
+    best.solver["settings"] = trail
     return best
 
 
@@ -321,22 +323,42 @@ def check_microbatches(microbatches) -> None:
                          f"not {microbatches!r}")
 
 
-def plan_within_budget(plan_fn, fn, args, setting, failure, record=None, beat=None):
+def plan_within_budget(plan_fn, fn, args, setting, failure, record=None, beat=None,
+                       trail: list | None = None):
     """``plan_fn(fn, *args)`` traced under ``setting``, and the last budget failure: (the
     plan, ``failure``, False), or (None, the ``MemoryBudgetError``, False) where no plan
-    fits, or (None, ``failure``, True) where no plan is faster than ``beat`` seconds."""
+    fits, or (None, ``failure``, True) where no plan is faster than ``beat`` seconds.
+    ``trail`` hears the setting, the outcome and the seconds it took."""
     from autoshard.errors import MemoryBudgetError
     from autoshard.solve import CannotBeat
     token = _TO_BEAT.set(beat)
+    started = time.perf_counter()
+    found, outcome = None, "fits"
     try:
         with microbatching(setting, record):
-            return plan_fn(fn, *args), failure, False
+            found = plan_fn(fn, *args)
     except MemoryBudgetError as e:
-        return None, e, False
-    except CannotBeat:
-        return None, failure, True
+        failure, outcome = e, f"over budget: at least {e.smallest_bytes:.4g} bytes"
+    except CannotBeat as e:
+        outcome = f"cannot beat {beat:.6g} s: at least {e.lower_bound:.6g} s"
     finally:
         _TO_BEAT.reset(token)
+    if trail is not None:
+        trail.append({"setting": describe(setting), "outcome": outcome,
+                      "microbatches": 1 if setting is None else setting.microbatches,
+                      "replica_axes": [] if setting is None else list(setting.replica_axes),
+                      "remat": None if setting is None else setting.remat,
+                      "step_s": None if found is None else found.cost.total_s,
+                      "plan_s": time.perf_counter() - started})
+    return found, failure, outcome.startswith("cannot beat")
+
+
+def describe(setting: Microbatching | None) -> str:
+    """A setting in a few words: microbatches, the axes they split over, remat."""
+    if setting is None:
+        return "K=1, no remat"
+    axes = f" over {','.join(setting.replica_axes)}" if setting.replica_axes else ""
+    return f"K={setting.microbatches}{axes}, remat {setting.remat or 'none'}"
 
 
 def replica_candidates(base, size: int, sizes: dict) -> list[tuple[str, ...]]:
