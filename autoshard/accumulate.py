@@ -26,6 +26,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import time
 from typing import Callable, Sequence
 
 import jax
@@ -64,6 +65,8 @@ _SETTING: contextvars.ContextVar = contextvars.ContextVar("autoshard_microbatchi
 _RECORD: contextvars.ContextVar = contextvars.ContextVar("autoshard_trace_record",
                                                         default=None)
 _MESH: contextvars.ContextVar = contextvars.ContextVar("autoshard_mesh", default=None)
+_TO_BEAT: contextvars.ContextVar = contextvars.ContextVar("autoshard_seconds_to_beat",
+                                                         default=None)
 
 
 @contextlib.contextmanager
@@ -77,6 +80,12 @@ def microbatching(setting: Microbatching | None, record: TraceRecord | None = No
     finally:
         for var, token in zip((_SETTING, _RECORD, _MESH), tokens):
             var.reset(token)
+
+
+def seconds_to_beat() -> float | None:
+    """Step seconds of the best plan found so far for the program being planned under
+    another setting: a plan no faster is not wanted (None: every plan is)."""
+    return _TO_BEAT.get()
 
 
 def active_pipeline() -> Pipelining | None:
@@ -235,15 +244,23 @@ def plan_with_microbatches(plan_fn: Callable, fn: Callable, args, mesh, microbat
     ``plan_fn(fn, *args)`` plans one traced program (``autoshard.plan`` with the caller's
     options). The replica axes are those the plan without microbatches splits the batch
     over; when that plan does not fit, each choice of axes is tried.
+
+    Settings are tried fastest first (fewer microbatches, less recomputed); one whose
+    memory floor exceeds the budget is rejected before solving, and once a plan fits,
+    one that cannot beat it regardless of memory is dropped before solving under the
+    budget (``seconds_to_beat``). ``"auto"`` stops at the first K none of whose settings
+    beats the best of fewer microbatches, unless memory rejected some of them.
     """
     check_microbatches(microbatches)
     microbatches = 1 if microbatches is None else microbatches
     remats = remat_choices(remat)
     record = TraceRecord()
     base, failure, best = None, None, None
+    trail: list[dict] = []   # every setting tried, as plan.solver["settings"] lists them
     for policy in remats:   # K = 1
         setting = None if policy is None else Microbatching(1, remat=policy)
-        candidate, failure = plan_within_budget(plan_fn, fn, args, setting, failure, record)
+        candidate, failure, _ = plan_within_budget(plan_fn, fn, args, setting, failure,
+                                                   record, _seconds(best), trail)
         if candidate is None:
             continue
         candidate.microbatching = setting
@@ -264,14 +281,17 @@ def plan_with_microbatches(plan_fn: Callable, fn: Callable, args, mesh, microbat
     if microbatches == 1:
         counts = []
     for k in counts:
-        found = None
+        found, outpaced, rejected = None, False, False
         for axes in candidates:
             replicas = int(np.prod([sizes[a] for a in axes], dtype=int))
             if size % (k * replicas):
                 continue
             for policy in remats:
                 setting = Microbatching(k, axes, replicas, remat=policy)
-                candidate, failure = plan_within_budget(plan_fn, fn, args, setting, failure)
+                candidate, failure, slower = plan_within_budget(
+                    plan_fn, fn, args, setting, failure, None, _seconds(found, best), trail)
+                outpaced = outpaced or slower
+                rejected = rejected or candidate is None and not slower
                 if candidate is None:
                     continue
                 candidate.microbatching = setting
@@ -279,14 +299,21 @@ def plan_with_microbatches(plan_fn: Callable, fn: Callable, args, mesh, microbat
                     found = candidate
         if found is not None and (best is None or found.cost.total_s < best.cost.total_s):
             best = found
-        elif found is not None and microbatches == "auto":
+        elif (found is not None or outpaced and not rejected) and microbatches == "auto":
             break   # a fitting plan no faster than fewer microbatches: more only add loops
     if best is None:
         if failure is not None:
             raise failure
         raise InputError(f"batch of {size} rows does not split into {microbatches} "
                          f"microbatches on mesh {sizes}")
+    best.solver["settings"] = trail
     return best
+
+
+def _seconds(*plans) -> float | None:
+    """Step seconds of the fastest of ``plans`` (None where every one is None)."""
+    found = [p.cost.total_s for p in plans if p is not None]
+    return min(found) if found else None
 
 
 def check_microbatches(microbatches) -> None:
@@ -299,15 +326,42 @@ def check_microbatches(microbatches) -> None:
                          f"not {microbatches!r}")
 
 
-def plan_within_budget(plan_fn, fn, args, setting, failure, record=None):
+def plan_within_budget(plan_fn, fn, args, setting, failure, record=None, beat=None,
+                       trail: list | None = None):
     """``plan_fn(fn, *args)`` traced under ``setting``, and the last budget failure: (the
-    plan, ``failure``), or (None, the ``MemoryBudgetError``) where no plan fits."""
+    plan, ``failure``, False), or (None, the ``MemoryBudgetError``, False) where no plan
+    fits, or (None, ``failure``, True) where no plan is faster than ``beat`` seconds.
+    ``trail`` hears the setting, the outcome and the seconds it took."""
     from autoshard.errors import MemoryBudgetError
-    with microbatching(setting, record):
-        try:
-            return plan_fn(fn, *args), failure
-        except MemoryBudgetError as e:
-            return None, e
+    from autoshard.solve import CannotBeat
+    token = _TO_BEAT.set(beat)
+    started = time.perf_counter()
+    found, outcome = None, "fits"
+    try:
+        with microbatching(setting, record):
+            found = plan_fn(fn, *args)
+    except MemoryBudgetError as e:
+        failure, outcome = e, f"over budget: at least {e.smallest_bytes:.4g} bytes"
+    except CannotBeat as e:
+        outcome = f"cannot beat {beat:.6g} s: at least {e.lower_bound:.6g} s"
+    finally:
+        _TO_BEAT.reset(token)
+    if trail is not None:
+        trail.append({"setting": describe(setting), "outcome": outcome,
+                      "microbatches": 1 if setting is None else setting.microbatches,
+                      "replica_axes": [] if setting is None else list(setting.replica_axes),
+                      "remat": None if setting is None else setting.remat,
+                      "step_s": None if found is None else found.cost.total_s,
+                      "plan_s": time.perf_counter() - started})
+    return found, failure, outcome.startswith("cannot beat")
+
+
+def describe(setting: Microbatching | None) -> str:
+    """A setting in a few words: microbatches, the axes they split over, remat."""
+    if setting is None:
+        return "K=1, no remat"
+    axes = f" over {','.join(setting.replica_axes)}" if setting.replica_axes else ""
+    return f"K={setting.microbatches}{axes}, remat {setting.remat or 'none'}"
 
 
 def replica_candidates(base, size: int, sizes: dict) -> list[tuple[str, ...]]:

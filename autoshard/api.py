@@ -13,8 +13,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from autoshard import specs, validate
-from autoshard.accumulate import active_pipeline
+from autoshard.accumulate import active_pipeline, seconds_to_beat
 from autoshard.apply import Decision, collection_paused, propagation_gives
+from autoshard.bounds import memory_floor, tiebreak_ceiling
 from autoshard.breakdown import cost_breakdown, memory_parts
 from autoshard.cache import PLANS, cache_dir, plan_key
 from autoshard.coarsen import coarsen
@@ -414,15 +415,19 @@ def solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s,
         cg = build_cost_graph(space, donated, native_reduce_scatter(mesh), share)
         request = build_request(cg, budget, time_limit_s)
         costed = time.perf_counter()
-        show.stage(f"coarsening {cg.num_groups} groups")
-        coarse = coarsen(cg, request, reuse=reuse)
-        coarsened = time.perf_counter()
-        show.stage(f"solving {coarse.num_classes} groups "
-                   f"({sum(len(c) for c in coarse.request.node_costs)} strategies)")
-        try:
-            result = solve(coarse.request)
-        except InfeasibleBudget as e:
-            result = e
+        floor = memory_floor(request)
+        if floor > budget:   # no plan fits: known without solving
+            result = InfeasibleBudget(floor)
+        else:
+            show.stage(f"coarsening {cg.num_groups} groups")
+            coarse = coarsen(cg, request, reuse=reuse)
+            coarsened = time.perf_counter()
+            show.stage(f"solving {coarse.num_classes} groups "
+                       f"({sum(len(c) for c in coarse.request.node_costs)} strategies)")
+            try:
+                result = solve(with_seconds_to_beat(coarse.request, request))
+            except InfeasibleBudget as e:
+                result = e
         if not cg.held_per_read or not (isinstance(result, InfeasibleBudget)
                                         or result.budget_binds):
             break
@@ -432,10 +437,12 @@ def solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s,
         if result.smallest_bytes <= budget and donated:   # memory alone rules nothing out
             raise donation_budget_error(graph, donated, budget, result.smallest_bytes,
                                         sizes) from None
+        reached = ("every plan holds at least" if floor > budget else
+                   "the smallest the planner reached is")
         raise MemoryBudgetError(
             f"no plan fits the memory budget of {budget:.4g} bytes per device on mesh {sizes}; "
-            f"the smallest the planner reached is {result.smallest_bytes:.4g} bytes",
-            budget, result.smallest_bytes) from None
+            f"{reached} {result.smallest_bytes:.4g} bytes", budget,
+            result.smallest_bytes) from None
     solved = time.perf_counter()
     show.stage("writing the plan")
     choice = coarse.expand(result.choice)
@@ -469,6 +476,16 @@ def solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s,
         "coarsen_s": coarsened - costed, "solve_s": solved - coarsened,
         "plan_s": time.perf_counter() - started, "cache": None})
     return plan_
+
+
+def with_seconds_to_beat(solved: Request, whole: Request) -> Request:
+    """``solved`` (the coarsened ``whole``) told the step seconds of the best plan the
+    caller has (``accumulate.seconds_to_beat``), plus the most the byte tiebreak adds, so
+    that the solver gives up (``CannotBeat``) only where no plan is faster."""
+    beat = seconds_to_beat()
+    if beat is None:
+        return solved
+    return dataclasses.replace(solved, seconds_to_beat=beat + tiebreak_ceiling(whole))
 
 
 def tiebreak_seconds(request: Request, choice) -> float:

@@ -531,7 +531,7 @@ class _Builder:
                 else:
                     edges[(gu, gv)] = edges.get((gu, gv), 0) + matrix
         return (node_costs, [Edge(u, v, m) for (u, v), m in edges.items()], shared,
-                {read: key for read, (key, _, _) in paid_once.items()})
+                {read: key for read, (key, paid, _) in paid_once.items() if paid.any()})
 
     def build_shared_reshards(self) -> tuple[tuple[SharedReshard, ...], dict, list]:
         """A ``SharedReshard`` per value, spec it is written in (those a copy costs alike

@@ -30,6 +30,7 @@ OPTIMALITY_GAP = 1e-4
 # Branch and bound over memory rows takes minutes past this many variables, where pricing
 # memory takes seconds and lands within a few percent of the relaxation's bound.
 EXACT_MAX_VARIABLES = 20_000
+MIP_GAP = 1e-6          # branch and bound stops this close (relative) to its bound
 
 
 class LiveRows(Sequence):
@@ -91,6 +92,9 @@ class Request:
     # (shared edge cost k, bytes): the copy held if k is paid. Rows index them after the
     # edge memory terms.
     shared_memory_terms: Sequence[tuple[int, float]] = ()
+    # seconds a caller already has a plan for: where no choice regardless of memory is
+    # cheaper, solving under the budget is skipped (``CannotBeat``)
+    seconds_to_beat: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +106,15 @@ class Result:
     solve_seconds: float = 0.0
     lower_bound: float | None = None   # seconds no choice within the budget beats
     budget_binds: bool = False         # the cheapest choice regardless of memory exceeds it
+
+
+class CannotBeat(Exception):
+    """No choice is cheaper than ``Request.seconds_to_beat``: the cheapest regardless of
+    memory (``lower_bound`` seconds) is not."""
+
+    def __init__(self, lower_bound: float):
+        super().__init__(f"no choice is cheaper than {lower_bound:.6g} s")
+        self.lower_bound = lower_bound
 
 
 class InfeasibleBudget(Exception):
@@ -506,7 +519,7 @@ class _Ilp:
         if not rounded and (res.x is None or not is_integral(res.x[: self.num_x])):
             res = optimize.milp(cost, constraints=constraints, bounds=bounds,
                                 integrality=self.integrality,
-                                options={**options, "mip_rel_gap": 1e-6})
+                                options={**options, "mip_rel_gap": MIP_GAP})
         if res.x is None:
             return None, res.status
         self.objective_s = res.fun / SECONDS_SCALE   # a lower bound when rounded
@@ -608,6 +621,9 @@ def solve(request: Request) -> Result:
     status_name = "optimal" if status == 0 else "time_limit"
     if request.memory_budget is None or fits(request, choice):
         return finish(request, choice, status_name, start, budget_binds=False)
+    if (status == 0 and request.seconds_to_beat is not None
+            and ilp.objective_s * (1 - MIP_GAP) >= request.seconds_to_beat):
+        raise CannotBeat(ilp.objective_s * (1 - MIP_GAP))
     best, best_seconds, bound = lagrangian(request, ilp, choice, deadline)
     if best is not None and best_seconds <= bound * (1 + OPTIMALITY_GAP):
         return finish(request, best, "optimal", start, bound)

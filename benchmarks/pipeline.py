@@ -173,6 +173,12 @@ def llama_part(args) -> None:
     print(f"predicted peak {plan.cost.memory_bytes / 1e9:.2f} GB, step "
           f"{plan.cost.total_s:.3f} s (compute {plan.cost.compute_s:.3f} s, comm "
           f"{plan.cost.comm_s:.3f} s); planning took {plan_s:.1f} s")
+    print(f"the chosen setting's program: {plan.solver['nodes']} nodes, "
+          f"{plan.solver['groups']} groups, {plan.solver['solved_groups']} solved")
+    print("settings tried (planning seconds each):")
+    for tried in plan.solver.get("settings", []):
+        print(f"  {tried['setting']:32}{tried['plan_s']:>7.1f} s  {tried['outcome']}"
+              + (f", step {tried['step_s']:.3f} s" if tried["step_s"] is not None else ""))
 
 
 def main() -> None:

@@ -1,0 +1,57 @@
+"""bounds: what no plan of a request can go below, known without solving it.
+
+``memory_floor`` is a lower bound of the peak bytes per device of every choice of a
+``solve.Request``: each memory term at the fewest bytes any allowed strategy (or pair of
+strategies) gives it, summed over the terms live together, at the row where that sum is
+largest. No choice holds less in that row, so a floor above the budget proves the budget
+infeasible in one pass over the terms, where the solver needs a run of LPs to give up.
+
+``tiebreak_ceiling`` is the most the byte tiebreak (``cost.TIEBREAK_SECONDS_PER_BYTE``)
+adds to any choice's seconds: a solver's bound on the objective, less it, bounds the
+plan's time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autoshard.cost import TIEBREAK_SECONDS_PER_BYTE
+from autoshard.solve import LiveRows, Request, allowed_mask
+
+
+def term_floors(request: Request) -> np.ndarray:
+    """Per memory term (group terms, edge terms, shared copies, as rows number them), its
+    fewest bytes under any allowed choice; a shared copy need not be made."""
+    floors = [float(np.min(np.asarray(b, float)[allowed_mask(request, g)]))
+              for g, b in request.memory_terms]
+    for u, v, m in request.edge_memory_terms:
+        m = np.asarray(m, float)
+        mask_u, mask_v = allowed_mask(request, u), allowed_mask(request, v)
+        pairs = np.diag(m)[mask_u] if u == v else m[np.ix_(mask_u, mask_v)]
+        floors.append(float(pairs.min()))
+    floors += [0.0] * len(request.shared_memory_terms)
+    return np.asarray(floors, float)
+
+
+def memory_floor(request: Request) -> float:
+    """Bytes per device that every choice of ``request`` reaches at its peak (at least).
+
+    Example: two groups whose cheapest strategies hold 3 and 5 bytes, live together,
+    have a floor of 8 bytes, whatever the pair their cheapest strategies cost together.
+    """
+    floors = term_floors(request)
+    if not len(floors):
+        return 0.0
+    fixed = floors[list(request.fixed_terms)].sum() if len(request.fixed_terms) else 0.0
+    rows = request.memory_rows
+    if isinstance(rows, LiveRows):
+        live = rows.sums(floors) if len(rows) else np.zeros(1)
+    else:
+        live = np.array([floors[list(r)].sum() if r else 0.0 for r in rows] or [0.0])
+    return float(fixed + live.max())
+
+
+def tiebreak_ceiling(request: Request) -> float:
+    """Seconds the byte tiebreak adds to a choice's objective, at most: every group term
+    at its largest."""
+    return TIEBREAK_SECONDS_PER_BYTE * sum(float(np.max(b)) for _, b in request.memory_terms)

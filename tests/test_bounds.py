@@ -1,0 +1,243 @@
+"""The memory floor (``bounds.memory_floor``) is a true lower bound, on every program and
+setting: no choice of strategies peaks below it, so a budget below it is infeasible, and
+the planner may reject it without solving.
+
+Checked on the zoo's GPT with scanned layers under gradient accumulation and remat
+(the settings ``microbatches="auto"`` and ``remat="auto"`` weigh) and a plain-JAX LM
+against random choices and solved plans; on random small requests against every choice,
+and against the solver under budgets below the floor; and on a hand-built request whose
+floor is worked out in comments.
+"""
+
+import dataclasses
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import autoshard
+from autoshard import api, models
+from autoshard.accumulate import Microbatching, microbatching
+from autoshard.bounds import memory_floor, tiebreak_ceiling
+from autoshard.coarsen import coarsen
+from autoshard.cost import build_cost_graph
+from autoshard.mesh import axis_sizes
+from autoshard.solve import (CannotBeat, InfeasibleBudget, LiveRows, Request, peak_memory,
+                             smallest_memory_choice, solve)
+from autoshard.strategies import build_strategies
+from autoshard.testing import plain
+from autoshard.trace import build_graph, trace_program
+
+RANDOM_CHOICES = 200
+SMALL_REQUESTS = 100
+
+PROGRAMS = {
+    "gpt_scan": (lambda: models.train_case("gpt_scan", "tiny"), (2, 4)),
+    "plain_lm": (lambda: plain.lm("tiny"), (8,)),
+}
+SETTINGS = {   # the gpt_scan settings the auto search weighs
+    "as written": None,
+    "dots saved": Microbatching(1, remat="dots_saveable"),
+    "nothing saved": Microbatching(1, remat="nothing_saveable"),
+    "K=2 over data": Microbatching(2, ("data",), 2),
+    "K=2 nothing saved": Microbatching(2, ("data",), 2, remat="nothing_saveable"),
+}
+CASES = [("gpt_scan", s) for s in SETTINGS] + [("plain_lm", "as written")]
+
+
+@functools.cache
+def mesh_of(shape):
+    names = ("data", "model")[:len(shape)]
+    return autoshard.make_mesh(shape, names)
+
+
+@functools.cache
+def requests(program: str, setting: str):
+    """The full request and the coarsened one the planner solves, for both pricings of
+    shared copies, with no budget."""
+    make, shape = PROGRAMS[program]
+    case, mesh = make(), mesh_of(shape)
+    with microbatching(SETTINGS[setting]):
+        graph = build_graph(trace_program(case.train_step, *case.abstract_args()))
+    space = build_strategies(graph, axis_sizes(mesh), autoshard.H100, {},
+                             api.combined_collectives(mesh))
+    out = []
+    for share in (False, True):
+        cg = build_cost_graph(space, (), api.native_reduce_scatter(mesh), share)
+        request = api.build_request(cg, None, 30.0)
+        out.append((request, coarsen(cg, request).request))
+    return out
+
+
+def random_choices(request: Request, count: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [np.array([rng.integers(len(c)) for c in request.node_costs])
+            for _ in range(count)]
+
+
+@pytest.mark.parametrize("program,setting", CASES)
+def test_floor_is_below_every_choice(program, setting):
+    for request, coarse in requests(program, setting):
+        floor = memory_floor(request)
+        assert floor > 0
+        peaks = [peak_memory(request, c) for c in random_choices(request, RANDOM_CHOICES)]
+        assert min(peaks) >= floor * (1 - 1e-12)
+        assert peak_memory(request, smallest_memory_choice(request)) >= floor * (1 - 1e-12)
+        # the coarsened request restricts choices: its floor is at least as high
+        assert memory_floor(coarse) >= floor * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("program,setting", CASES)
+def test_solved_plan_holds_at_least_the_floor(program, setting):
+    for request, coarse in requests(program, setting):
+        solved = solve(coarse)   # no budget: the fastest plan
+        assert memory_floor(request) <= memory_floor(coarse) <= solved.memory_bytes
+
+
+def random_request(rng) -> Request:
+    """A small request of every kind of memory term: group terms (some fixed), terms on
+    pairs of groups and on one group's diagonal, a shared copy, random live ranges."""
+    sizes = [int(rng.integers(1, 4)) for _ in range(int(rng.integers(2, 5)))]
+    groups = range(len(sizes))
+    terms = [(g, rng.integers(0, 100, sizes[g]).astype(float)) for g in groups
+             for _ in range(int(rng.integers(1, 3)))]
+    pairs = [(int(rng.choice(len(sizes))), int(rng.choice(len(sizes))))
+             for _ in range(int(rng.integers(0, 3)))]
+    edge_terms = [(u, v, rng.integers(0, 50, (sizes[u], sizes[v])).astype(float))
+                  for u, v in pairs]
+    u, v = (int(g) for g in rng.choice(len(sizes), 2))
+    shared = [(1e-3, [(u, v, rng.random((sizes[u], sizes[v])) < 0.5)])]
+    fixed = [t for t in range(len(terms)) if rng.random() < 0.3]
+    live = [t for t in range(len(terms) + len(edge_terms) + 1) if t not in fixed]
+    starts = rng.integers(0, 5, len(live))
+    ends = starts + rng.integers(0, 4, len(live))
+    return Request(node_costs=[rng.random(n) for n in sizes], edges=[],
+                   memory_terms=terms, edge_memory_terms=edge_terms,
+                   shared_edge_costs=shared, shared_memory_terms=[(0, float(rng.integers(100)))],
+                   fixed_terms=fixed,
+                   memory_rows=LiveRows(live, starts, ends, sorted(set(ends.tolist()))))
+
+
+def test_floor_is_below_the_least_peak_of_small_requests():
+    """Every choice of random small requests enumerated: the floor is at most the
+    least peak; a budget below the floor the solver finds infeasible, and one at the least
+    peak it meets."""
+    rng = np.random.default_rng(0)
+    for _ in range(SMALL_REQUESTS):
+        request = random_request(rng)
+        everyone = itertools.product(*(range(len(c)) for c in request.node_costs))
+        least = min(peak_memory(request, list(c)) for c in everyone)
+        floor = memory_floor(request)
+        assert floor <= least * (1 + 1e-12)
+        if floor > 0:
+            with pytest.raises(InfeasibleBudget):
+                solve(dataclasses.replace(request, memory_budget=floor * 0.999))
+        fitted = solve(dataclasses.replace(request, memory_budget=least))
+        assert floor <= fitted.memory_bytes <= least * (1 + 1e-9)
+
+
+def test_plan_rejects_below_floor_without_solving(monkeypatch):
+    """``autoshard.plan`` under a budget below the floor raises ``MemoryBudgetError``
+    carrying the floor, and never calls the solver."""
+    case = models.train_case("gpt_scan", "tiny")
+    mesh = mesh_of((2, 4))
+    floor = memory_floor(requests("gpt_scan", "as written")[0][0])
+
+    def no_solve(request):
+        raise AssertionError("solved a request the floor rules out")
+    monkeypatch.setattr(api, "solve", no_solve)
+    with pytest.raises(autoshard.MemoryBudgetError, match="every plan holds at least") as e:
+        autoshard.plan(case.train_step, *case.abstract_args(), mesh=mesh,
+                       hardware=autoshard.H100, memory_budget=floor * 0.99, cache=False,
+                       progress=False)
+    assert e.value.smallest_bytes >= floor * 0.99
+
+
+def test_floor_by_hand():
+    # group 0: strategies of 3 or 7 bytes; group 1: 5 or 2 bytes; an edge copy between
+    # them of at least 1 byte (pair (1, 0)); a shared copy of 100 bytes need not be made.
+    # Rows: {0, 1} and {1, 2, 3}; term 0 is also fixed (held in every row).
+    request = Request(
+        node_costs=[np.zeros(2), np.zeros(2)], edges=[],
+        memory_terms=[(0, np.array([3.0, 7.0])), (1, np.array([5.0, 2.0]))],
+        edge_memory_terms=[(0, 1, np.array([[4.0, 6.0], [1.0, 9.0]]))],
+        shared_edge_costs=[(1.0, [(0, 1, np.array([[True, False], [False, False]]))])],
+        shared_memory_terms=[(0, 100.0)], fixed_terms=[0],
+        memory_rows=LiveRows([1, 2, 3], [0, 0, 0], [0, 1, 1], [0, 1]))
+    # fixed 3; row at point 0: term 1 (2) + edge term (1) + shared (0); at point 1: 1
+    assert memory_floor(request) == 6.0
+    assert min(peak_memory(request, c) for c in ([0, 0], [0, 1], [1, 0], [1, 1])) >= 6.0
+    # only strategy 1 of group 1 allowed: its edge column's least is 6, its bytes 2
+    assert memory_floor(dataclasses.replace(request, allowed=[None, np.array([1])])) \
+        == 3.0 + 2.0 + 6.0
+
+
+def test_tiebreak_ceiling_bounds_every_choice():
+    request, _ = requests("plain_lm", "as written")[0]
+    ceiling = tiebreak_ceiling(request)
+    for choice in random_choices(request, 20):
+        assert api.tiebreak_seconds(request, choice) <= ceiling * (1 + 1e-12)
+
+
+# -- the microbatches x remat search -------------------------------------------------------
+
+def stack_step(params, batch):
+    """A marked loss over a scanned stack of MLP layers whose activations outweigh them."""
+    def loss(params, batch):
+        def layer(h, w):
+            return jnp.tanh(h @ w["up"]) @ w["down"] + h, None
+        h, _ = jax.lax.scan(layer, batch["x"], params)
+        return jnp.mean((h - batch["y"]) ** 2)
+    value, grads = autoshard.value_and_grad(loss)(params, batch)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), value
+
+
+def stack_args(layers=4, rows=2048, d=64, f=256):
+    shape = jax.ShapeDtypeStruct
+    params = {"up": shape((layers, d, f), jnp.float32), "down": shape((layers, f, d), jnp.float32)}
+    return params, {"x": shape((rows, d), jnp.float32), "y": shape((rows, d), jnp.float32)}
+
+
+def test_auto_search_drops_only_settings_that_lose(mesh_1d):
+    """Under a budget plans without remat miss, the settings the search rejects by the
+    floor do not fit when planned alone, those it drops as unable to beat the best are
+    no faster planned alone, and the chosen plan is the fastest of those that fit."""
+    args = stack_args()
+    plan = functools.partial(autoshard.plan, stack_step, *args, mesh=mesh_1d,
+                             hardware=autoshard.H100, cache=False, progress=False)
+    budget = 0.7 * plan().cost.memory_bytes
+    chosen = plan(memory_budget=budget, microbatches="auto", remat="auto")
+    tried = chosen.solver["settings"]
+    assert {t["outcome"].split(":")[0] for t in tried} >= {"fits", "over budget"}
+    for t in tried:
+        setting = Microbatching(t["microbatches"], tuple(t["replica_axes"]),
+                                int(np.prod([mesh_1d.shape[a] for a in t["replica_axes"]])),
+                                remat=t["remat"])
+        with microbatching(None if setting == Microbatching(1) else setting):
+            if t["outcome"].startswith("over budget"):
+                with pytest.raises(autoshard.MemoryBudgetError):
+                    plan(memory_budget=budget)
+                continue
+            alone = plan(memory_budget=budget)
+        assert alone.cost.memory_bytes <= budget
+        assert chosen.cost.total_s <= alone.cost.total_s * (1 + 1e-9), t
+
+
+def test_solver_gives_up_only_where_no_choice_beats_the_best():
+    # two groups of a fast big strategy (1 s, 10 B) and a slow small one (2 s, 1 B), live
+    # together under 12 B: the fastest choice regardless of memory (2 s, 20 B) does not
+    # fit; the fastest that fits takes 3 s (11 B)
+    request = Request(node_costs=[np.array([1.0, 2.0]), np.array([1.0, 2.0])], edges=[],
+                      memory_terms=[(0, np.array([10.0, 1.0])), (1, np.array([10.0, 1.0]))],
+                      memory_rows=LiveRows([0, 1], [0, 0], [0, 0], [0]), memory_budget=12.0)
+    assert solve(request).objective == pytest.approx(3.0)
+    assert solve(dataclasses.replace(request, seconds_to_beat=2.5)).objective == \
+        pytest.approx(3.0)   # 2 s regardless of memory might beat 2.5 s: solved
+    with pytest.raises(CannotBeat) as info:
+        solve(dataclasses.replace(request, seconds_to_beat=1.5))
+    assert info.value.lower_bound == pytest.approx(2.0, rel=1e-5)   # less the MIP gap
+    roomy = dataclasses.replace(request, memory_budget=20.0, seconds_to_beat=1.5)
+    assert solve(roomy).objective == pytest.approx(2.0)   # the fastest fits: returned
