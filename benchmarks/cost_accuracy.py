@@ -29,7 +29,7 @@ from scipy import stats  # noqa: E402
 import autoshard  # noqa: E402
 from autoshard import experts, models, specs  # noqa: E402
 from autoshard.hlo_report import hlo_report  # noqa: E402
-from autoshard.mesh import axis_sizes  # noqa: E402
+from autoshard.units import axis_sizes  # noqa: E402
 from autoshard.testing import plain  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -24,7 +24,7 @@ from autoshard.accumulate import Microbatching, microbatching
 from autoshard.bounds import memory_floor, tiebreak_ceiling
 from autoshard.coarsen import coarsen
 from autoshard.cost import build_cost_graph
-from autoshard.mesh import axis_sizes
+from autoshard.units import axis_sizes
 from autoshard.solve import (CannotBeat, InfeasibleBudget, LiveRows, Request, peak_memory,
                              smallest_memory_choice, solve)
 from autoshard.strategies import build_strategies
