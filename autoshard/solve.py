@@ -265,10 +265,12 @@ def tie_mask(request: Request, choice, g: int) -> np.ndarray:
 POLISH_PASSES = 4
 
 
-def polish(request: Request, choice: np.ndarray, deadline: float) -> np.ndarray:
+def polish(request: Request, choice: np.ndarray, deadline: float,
+           budget: bool = True) -> np.ndarray:
     """Local search on a plan within the budget: move one group at a time to the cheapest
-    strategy that lowers the plan's seconds and keeps it within the budget. Pricing
-    memory leaves such moves where the rounded relaxation overshot."""
+    strategy that lowers the plan's seconds and keeps it within the budget (when
+    ``budget``). Pricing memory leaves such moves where the rounded relaxation
+    overshot; rounding a fractional relaxation leaves them too."""
     choice, touching = choice.copy(), _Touching.of(request)
     for _ in range(POLISH_PASSES):
         moved = False
@@ -278,12 +280,14 @@ def polish(request: Request, choice: np.ndarray, deadline: float) -> np.ndarray:
             seconds = np.where(tie_mask(request, choice, g),
                                group_seconds(request, choice, g, touching), np.inf)
             now = seconds[choice[g]]
+            if not np.isfinite(now):   # a tie ``choice`` breaks: no move keeps it
+                continue
             for s in np.argsort(seconds, kind="stable")[:3]:
                 if not seconds[s] < now - 1e-9 * max(abs(now), 1e-12):
                     break
                 trial = choice.copy()
                 trial[g] = s
-                if fits(request, trial):
+                if not budget or fits(request, trial):
                     choice, moved = trial, True
                     break
             if time.perf_counter() > deadline:
@@ -490,26 +494,44 @@ class _Ilp:
         """(choice, HiGHS status). ``extra_cost`` is added to the objective (in seconds);
         ``rounded`` takes a fractional relaxation's largest x per group instead of
         branching."""
+        x, status = self.relax(time_limit_s, extra_cost)
+        if not rounded and (x is None or not is_integral(x[: self.num_x])):
+            x, status = self.branch(time_limit_s, extra_cost)
+        if x is None:
+            return None, status
+        return self.choice_of(x), status
+
+    def _milp(self, time_limit_s: float, extra_cost, integrality=None, **options):
         a = sparse.csr_array((self.vals, (self.rows, self.cols)),
                              shape=(self.num_rows, self.num_vars))
-        constraints = optimize.LinearConstraint(a, self.lower, self.upper)
-        bounds = optimize.Bounds(0, self.var_upper)
-        options = {"time_limit": max(time_limit_s, 1.0), "presolve": True}
         cost = self.cost if extra_cost is None else self.cost + extra_cost * SECONDS_SCALE
-        # the relaxation of a sharding ILP is most often integral already: then it is the
-        # ILP's optimum, found at the price of one LP instead of branch and bound
-        res = optimize.milp(cost, constraints=constraints, bounds=bounds, options=options)
-        if not rounded and (res.x is None or not is_integral(res.x[: self.num_x])):
-            res = optimize.milp(cost, constraints=constraints, bounds=bounds,
-                                integrality=self.integrality,
-                                options={**options, "mip_rel_gap": 1e-6})
-        if res.x is None:
-            return None, res.status
-        self.objective_s = res.fun / SECONDS_SCALE   # a lower bound when rounded
-        x = res.x[: self.num_x]
-        choice = np.array([int(np.argmax(x[self.offsets[g]: self.offsets[g + 1]]))
-                           for g in range(len(self.offsets) - 1)])
-        return choice, res.status
+        res = optimize.milp(cost, constraints=optimize.LinearConstraint(a, self.lower, self.upper),
+                            bounds=optimize.Bounds(0, self.var_upper), integrality=integrality,
+                            options={"time_limit": max(time_limit_s, 1.0), "presolve": True,
+                                     **options})
+        if res.x is not None:
+            self.objective_s = res.fun / SECONDS_SCALE   # a lower bound when relaxed
+        return res.x, res.status
+
+    def relax(self, time_limit_s: float, extra_cost: np.ndarray | None = None):
+        """The LP relaxation: (every variable's value or None, HiGHS status). The
+        relaxation of a sharding ILP is most often integral already: then it is the ILP's
+        optimum, found at the price of one LP instead of branch and bound."""
+        return self._milp(time_limit_s, extra_cost)
+
+    def branch(self, time_limit_s: float, extra_cost: np.ndarray | None = None):
+        """The ILP by branch and bound: (every variable's value or None, HiGHS status)."""
+        return self._milp(time_limit_s, extra_cost, self.integrality, mip_rel_gap=1e-6)
+
+    def choice_of(self, x: np.ndarray) -> np.ndarray:
+        """Per group, the strategy with the largest x (the one chosen when x is integral)."""
+        return np.array([int(np.argmax(x[self.offsets[g]: self.offsets[g + 1]]))
+                         for g in range(len(self.offsets) - 1)])
+
+    def support(self, x: np.ndarray, tolerance: float = 1e-6) -> list[np.ndarray]:
+        """Per group, the strategies a relaxed solution ``x`` gives any weight."""
+        return [np.flatnonzero(x[self.offsets[g]: self.offsets[g + 1]] > tolerance)
+                for g in range(len(self.offsets) - 1)]
 
 
 def num_terms(request: Request) -> int:
@@ -596,14 +618,9 @@ def solve(request: Request) -> Result:
         return Result(choice, seconds, peak, "trivial", time.perf_counter() - start, seconds,
                       False)
     ilp = _Ilp(request)
-    choice, status = ilp.solve(request.time_limit_s)
-    if choice is None:
-        if status == 2:  # infeasible
-            raise InfeasibleBudget(peak_memory(request, smallest_memory_choice(request)))
-        return finish(request, greedy(request), "greedy", start)
-    status_name = "optimal" if status == 0 else "time_limit"
+    choice, status_name, bound = cheapest(request, ilp, deadline)
     if request.memory_budget is None or fits(request, choice):
-        return finish(request, choice, status_name, start, budget_binds=False)
+        return finish(request, choice, status_name, start, bound, budget_binds=False)
     best, best_seconds, bound = lagrangian(request, ilp, choice, deadline)
     if best is not None and best_seconds <= bound * (1 + OPTIMALITY_GAP):
         return finish(request, best, "optimal", start, bound)
@@ -615,6 +632,57 @@ def solve(request: Request) -> Result:
         smallest = peak_memory(request, smallest_memory_choice(request))
         raise InfeasibleBudget(min(smallest, peak_memory(request, choice)))
     return finish(request, polish(request, best, deadline), "priced", start, bound)
+
+
+def cheapest(request: Request, ilp: _Ilp, deadline: float):
+    """The cheapest choice regardless of memory: (choice, status, lower bound in seconds).
+
+    The LP relaxation first; when it is fractional, an incumbent is built from it before
+    branching (its rounding and greedy's, polished by local search; then the ILP over
+    the strategies the relaxation gives weight, a small problem), so that branch and
+    bound over the whole problem, limited by the clock, never returns worse than that.
+    The relaxation's objective bounds every choice from below."""
+    x, status = ilp.relax(deadline - time.perf_counter())
+    if x is None:
+        if status == 2:  # infeasible
+            raise InfeasibleBudget(peak_memory(request, smallest_memory_choice(request)))
+        return greedy(request), "greedy", None
+    if is_integral(x[: ilp.num_x]):
+        return ilp.choice_of(x), "optimal" if status == 0 else "time_limit", None
+    bound = ilp.objective_s if status == 0 else 0.0
+    best = incumbent(request, ilp, x, deadline)
+    best_seconds = np.inf if best is None else evaluate(request, best)[0]
+    if best_seconds <= bound * (1 + OPTIMALITY_GAP):
+        return best, "optimal", bound
+    x, status = ilp.branch(deadline - time.perf_counter())
+    if x is not None:
+        choice = ilp.choice_of(x)
+        if evaluate(request, choice)[0] <= best_seconds:
+            return choice, "optimal" if status == 0 else "time_limit", bound
+    if best is None:
+        return greedy(request), "greedy", bound
+    return best, "time_limit", bound
+
+
+def incumbent(request: Request, ilp: _Ilp, x: np.ndarray, deadline: float) -> np.ndarray:
+    """A good choice from a fractional relaxation ``x``: the best of its rounding and
+    greedy's, each polished, and the ILP restricted to the strategies ``x`` weighs; None
+    when none keeps the ties."""
+    candidates = [polish(request, tie_up(request, ilp.choice_of(x)), deadline, budget=False),
+                  polish(request, greedy(request), deadline, budget=False)]
+    restricted = _Ilp(dataclasses.replace(request, allowed=ilp.support(x[: ilp.num_x])))
+    choice, _ = restricted.solve(deadline - time.perf_counter())
+    if choice is not None:
+        candidates.append(choice)
+    valid = [c for c in candidates if is_valid(request, c)]
+    return min(valid, key=lambda c: evaluate(request, c)[0]) if valid else None
+
+
+def is_valid(request: Request, choice) -> bool:
+    """Whether ``choice`` takes allowed strategies and keeps every tie."""
+    return (all(allowed_mask(request, g)[s] for g, s in enumerate(choice))
+            and all(keys_u[choice[u]] == keys_v[choice[v]]
+                    for u, v, keys_u, keys_v in request.ties))
 
 
 OPTIMALITY_GAP = 1e-4

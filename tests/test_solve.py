@@ -92,7 +92,7 @@ def test_solve_falls_back_to_greedy_when_the_ilp_finds_nothing(monkeypatch):
     # request): greedy starts at (0, 1) = 7 s, moves g0 to 1 (2 + 1 = 3 s), and stops there.
     r = Request(node_costs=[np.array([1.0, 2.0]), np.array([3.0, 1.0])],
                 edges=[(0, 1, np.array([[0.0, 5.0], [5.0, 0.0]]))])
-    monkeypatch.setattr(solve_module._Ilp, "solve", lambda self, *a, **k: (None, 1))
+    monkeypatch.setattr(solve_module._Ilp, "_milp", lambda self, *a, **k: (None, 1))
     result = solve(r)
     assert result.status == "greedy"
     assert list(result.choice) == list(greedy(r)) == [1, 1]
