@@ -9,7 +9,9 @@ group; per pair of groups a continuous e[r, c] over the distinct rows and column
 pair's matrices (edge costs, and memory that depends on both groups' strategies) whose
 marginals equal the x's (so e is the product of the two one-hots).
 
-Under a memory budget the unconstrained optimum is tried first. When it does not fit,
+The relaxation is most often integral; when it is not, an incumbent built from it and
+reduced-cost fixing leave branch and bound a small problem (``cheapest``). Under a memory
+budget the unconstrained optimum is tried first. When it does not fit,
 memory is priced into the objective (Lagrangian relaxation: a few LPs of the same
 problem, which stay integral), giving plans within the budget and a lower bound on the
 best one. Small problems then add the memory rows the current solution violates, lazily,
@@ -398,18 +400,17 @@ class _Ilp:
             for (k, _), paid_keys in zip(shared, keys[len(memory):]):
                 shared_rows.append((k, (base + np.flatnonzero(paid_keys.ravel())).tolist()))
             next_var += r_n * c_n
-            for r in range(r_n):        # sum_c e[r, c] = sum of x[u, s] with row(s) = r
-                for c in range(c_n):
-                    rows.append(row); cols.append(base + r * c_n + c); vals.append(1.0)
-                for s in su[row_of == r]:
-                    rows.append(row); cols.append(self.offsets[u] + s); vals.append(-1.0)
-                lower.append(0.0); upper.append(0.0); row += 1
-            for c in range(c_n):        # sum_r e[r, c] = sum of x[v, t] with column(t) = c
-                for r in range(r_n):
-                    rows.append(row); cols.append(base + r * c_n + c); vals.append(1.0)
-                for t in sv[col_of == c]:
-                    rows.append(row); cols.append(self.offsets[v] + t); vals.append(-1.0)
-                lower.append(0.0); upper.append(0.0); row += 1
+            # sum_c e[r, c] = sum of x[u, s] with row(s) = r, then
+            # sum_r e[r, c] = sum of x[v, t] with column(t) = c
+            e_row, e_col = np.divmod(np.arange(r_n * c_n), c_n)
+            for e_of, classes, strategies, g, num in ((e_row, row_of, su, u, r_n),
+                                                       (e_col, col_of, sv, v, c_n)):
+                rows.extend((row + e_of).tolist()); cols.extend(range(base, base + r_n * c_n))
+                vals.extend([1.0] * (r_n * c_n))
+                rows.extend((row + classes).tolist())
+                cols.extend((self.offsets[g] + strategies).tolist())
+                vals.extend([-1.0] * len(strategies))
+                lower.extend([0.0] * num); upper.extend([0.0] * num); row += num
         shared_costs = []
         for seconds, members in request.shared_costs:   # y >= sum_s x[g, s] per group
             by_group: dict[int, list[int]] = {}
@@ -501,12 +502,19 @@ class _Ilp:
             return None, status
         return self.choice_of(x), status
 
-    def _milp(self, time_limit_s: float, extra_cost, integrality=None, **options):
-        a = sparse.csr_array((self.vals, (self.rows, self.cols)),
-                             shape=(self.num_rows, self.num_vars))
-        cost = self.cost if extra_cost is None else self.cost + extra_cost * SECONDS_SCALE
-        res = optimize.milp(cost, constraints=optimize.LinearConstraint(a, self.lower, self.upper),
-                            bounds=optimize.Bounds(0, self.var_upper), integrality=integrality,
+    def matrix(self) -> sparse.csr_array:
+        return sparse.csr_array((self.vals, (self.rows, self.cols)),
+                                shape=(self.num_rows, self.num_vars))
+
+    def objective(self, extra_cost: np.ndarray | None) -> np.ndarray:
+        return self.cost if extra_cost is None else self.cost + extra_cost * SECONDS_SCALE
+
+    def _milp(self, time_limit_s: float, extra_cost, integrality=None, upper=None, **options):
+        res = optimize.milp(self.objective(extra_cost),
+                            constraints=optimize.LinearConstraint(self.matrix(), self.lower,
+                                                                  self.upper),
+                            bounds=optimize.Bounds(0, self.var_upper if upper is None else upper),
+                            integrality=integrality,
                             options={"time_limit": max(time_limit_s, 1.0), "presolve": True,
                                      **options})
         if res.x is not None:
@@ -519,9 +527,31 @@ class _Ilp:
         optimum, found at the price of one LP instead of branch and bound."""
         return self._milp(time_limit_s, extra_cost)
 
-    def branch(self, time_limit_s: float, extra_cost: np.ndarray | None = None):
-        """The ILP by branch and bound: (every variable's value or None, HiGHS status)."""
-        return self._milp(time_limit_s, extra_cost, self.integrality, mip_rel_gap=1e-6)
+    def relax_with_reduced_costs(self, time_limit_s: float):
+        """The LP relaxation as ``relax``, keeping its reduced costs in seconds
+        (``self.reduced_costs``): a choice that sets a variable to 1 costs at least the
+        relaxation's objective plus that variable's reduced cost."""
+        a, lower, upper = self.matrix(), np.asarray(self.lower), np.asarray(self.upper)
+        equal = lower == upper
+        above, below = ~equal & np.isfinite(lower), ~equal & np.isfinite(upper)
+        res = optimize.linprog(self.cost, A_ub=sparse.vstack([-a[above], a[below]]),
+                               b_ub=np.concatenate([-lower[above], upper[below]]),
+                               A_eq=a[equal], b_eq=lower[equal],
+                               bounds=np.stack([np.zeros(self.num_vars), self.var_upper], 1),
+                               method="highs",
+                               options={"time_limit": max(time_limit_s, 1.0)})
+        if res.x is None:
+            return None, res.status
+        self.objective_s = res.fun / SECONDS_SCALE
+        self.reduced_costs = (res.lower.marginals + res.upper.marginals) / SECONDS_SCALE
+        return res.x, res.status
+
+    def branch(self, time_limit_s: float, extra_cost: np.ndarray | None = None,
+               excluded: np.ndarray | None = None):
+        """The ILP by branch and bound: (every variable's value or None, HiGHS status).
+        Variables ``excluded`` (a mask) are held at 0."""
+        upper = None if excluded is None else np.where(excluded, 0.0, self.var_upper)
+        return self._milp(time_limit_s, extra_cost, self.integrality, upper, mip_rel_gap=1e-6)
 
     def choice_of(self, x: np.ndarray) -> np.ndarray:
         """Per group, the strategy with the largest x (the one chosen when x is integral)."""
@@ -642,7 +672,7 @@ def cheapest(request: Request, ilp: _Ilp, deadline: float):
     the strategies the relaxation gives weight, a small problem), so that branch and
     bound over the whole problem, limited by the clock, never returns worse than that.
     The relaxation's objective bounds every choice from below."""
-    x, status = ilp.relax(deadline - time.perf_counter())
+    x, status = ilp.relax_with_reduced_costs(deadline - time.perf_counter())
     if x is None:
         if status == 2:  # infeasible
             raise InfeasibleBudget(peak_memory(request, smallest_memory_choice(request)))
@@ -654,7 +684,14 @@ def cheapest(request: Request, ilp: _Ilp, deadline: float):
     best_seconds = np.inf if best is None else evaluate(request, best)[0]
     if best_seconds <= bound * (1 + OPTIMALITY_GAP):
         return best, "optimal", bound
-    x, status = ilp.branch(deadline - time.perf_counter())
+    # a variable whose reduced cost exceeds the incumbent's gap to the bound is 0 in every
+    # choice no worse than the incumbent (reduced-cost fixing); most products of two
+    # groups' strategies are, so branch and bound is left a small problem, still exact
+    excluded = None
+    if status == 0 and np.isfinite(best_seconds):
+        slack = (best_seconds - bound) + REDUCED_COST_TOLERANCE * max(best_seconds, 1e-12)
+        excluded = ilp.reduced_costs > slack
+    x, status = ilp.branch(deadline - time.perf_counter(), excluded=excluded)
     if x is not None:
         choice = ilp.choice_of(x)
         if evaluate(request, choice)[0] <= best_seconds:
@@ -686,6 +723,10 @@ def is_valid(request: Request, choice) -> bool:
 
 
 OPTIMALITY_GAP = 1e-4
+# reduced costs hold to HiGHS's dual feasibility tolerance (1e-7 on costs in
+# microseconds); a variable is fixed only past the gap by this much more, relative to the
+# incumbent's seconds (far above that tolerance)
+REDUCED_COST_TOLERANCE = 1e-6
 # Branch and bound over memory rows takes minutes past this many variables, where pricing
 # memory takes seconds and lands within a few percent of the relaxation's bound.
 EXACT_MAX_VARIABLES = 20_000
