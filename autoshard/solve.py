@@ -551,7 +551,8 @@ class _Ilp:
         """The ILP by branch and bound: (every variable's value or None, HiGHS status).
         Variables ``excluded`` (a mask) are held at 0."""
         upper = None if excluded is None else np.where(excluded, 0.0, self.var_upper)
-        return self._milp(time_limit_s, extra_cost, self.integrality, upper, mip_rel_gap=1e-6)
+        return self._milp(time_limit_s, extra_cost, self.integrality, upper,
+                          mip_rel_gap=MIP_GAP)
 
     def choice_of(self, x: np.ndarray) -> np.ndarray:
         """Per group, the strategy with the largest x (the one chosen when x is integral)."""
@@ -668,10 +669,11 @@ def cheapest(request: Request, ilp: _Ilp, deadline: float):
     """The cheapest choice regardless of memory: (choice, status, lower bound in seconds).
 
     The LP relaxation first; when it is fractional, an incumbent is built from it before
-    branching (its rounding and greedy's, polished by local search; then the ILP over
-    the strategies the relaxation gives weight, a small problem), so that branch and
-    bound over the whole problem, limited by the clock, never returns worse than that.
-    The relaxation's objective bounds every choice from below."""
+    branching (its rounding and greedy's, polished by local search; the ILP over the
+    strategies the relaxation gives weight, a small problem), so that branch and bound,
+    limited by the clock, never returns worse than that. The relaxation's objective bounds
+    every choice from below, and its reduced costs rule out most variables before
+    branching (``fixed_by_reduced_costs``)."""
     x, status = ilp.relax_with_reduced_costs(deadline - time.perf_counter())
     if x is None:
         if status == 2:  # infeasible
@@ -682,22 +684,40 @@ def cheapest(request: Request, ilp: _Ilp, deadline: float):
     bound = ilp.objective_s if status == 0 else 0.0
     best = incumbent(request, ilp, x, deadline)
     best_seconds = np.inf if best is None else evaluate(request, best)[0]
-    if best_seconds <= bound * (1 + OPTIMALITY_GAP):
+    if best_seconds <= bound * (1 + MIP_GAP):
         return best, "optimal", bound
-    # a variable whose reduced cost exceeds the incumbent's gap to the bound is 0 in every
-    # choice no worse than the incumbent (reduced-cost fixing); most products of two
-    # groups' strategies are, so branch and bound is left a small problem, still exact
-    excluded = None
-    if status == 0 and np.isfinite(best_seconds):
-        slack = (best_seconds - bound) + REDUCED_COST_TOLERANCE * max(best_seconds, 1e-12)
-        excluded = ilp.reduced_costs > slack
-    x, status = ilp.branch(deadline - time.perf_counter(), excluded=excluded)
-    if x is not None:
-        choice = ilp.choice_of(x)
-        if evaluate(request, choice)[0] <= best_seconds:
-            return choice, "optimal" if status == 0 else "time_limit", bound
-    if best is None:
-        return greedy(request), "greedy", bound
+    if status != 0 or best is None:   # no reduced costs to trust, or nothing to beat
+        x, status = ilp.branch(deadline - time.perf_counter())
+        if x is not None and evaluate(request, ilp.choice_of(x))[0] <= best_seconds:
+            return ilp.choice_of(x), "optimal" if status == 0 else "time_limit", bound
+        return (greedy(request), "greedy", bound) if best is None else (best, "time_limit",
+                                                                         bound)
+    return fixed_by_reduced_costs(request, ilp, best, bound, deadline)
+
+
+def fixed_by_reduced_costs(request: Request, ilp: _Ilp, best: np.ndarray, bound: float,
+                           deadline: float):
+    """Branch and bound on what reduced costs leave: (choice, status, lower bound).
+
+    A choice costs at least the relaxation's ``bound`` plus the reduced cost of every
+    variable it sets, so one costing at most ``bound + slack`` sets no variable whose
+    reduced cost exceeds ``slack``: holding those at 0 loses none of them, and most
+    products of two groups' strategies are such. A small slack first (a fraction of the
+    incumbent's gap, a smaller problem): its optimum is the optimum if it is within the
+    slack; else the slack widens to the gap of the best choice found, which is exact."""
+    best_seconds = evaluate(request, best)[0]
+    for fraction in (FIRST_SLACK, 1.0):
+        slack = (best_seconds - bound) * fraction
+        tolerance = REDUCED_COST_TOLERANCE * best_seconds
+        x, status = ilp.branch(deadline - time.perf_counter(),
+                               excluded=ilp.reduced_costs > slack + tolerance)
+        if x is not None and evaluate(request, ilp.choice_of(x))[0] < best_seconds:
+            best = ilp.choice_of(x)
+            best_seconds = evaluate(request, best)[0]
+        if status == 0 and best_seconds - bound <= slack + tolerance:
+            return best, "optimal", bound   # every cheaper choice was in the problem
+        if status not in (0, 2):   # 2: nothing within the slack
+            break
     return best, "time_limit", bound
 
 
@@ -723,6 +743,11 @@ def is_valid(request: Request, choice) -> bool:
 
 
 OPTIMALITY_GAP = 1e-4
+MIP_GAP = 1e-6   # branch and bound stops this close (relative) to its bound
+# the first slack of reduced-cost fixing, as a fraction of the incumbent's gap to the
+# relaxation's bound: the optimum is most often far closer to the bound than greedy
+# incumbents are, and a fraction of the gap leaves a far smaller problem
+FIRST_SLACK = 0.25
 # reduced costs hold to HiGHS's dual feasibility tolerance (1e-7 on costs in
 # microseconds); a variable is fixed only past the gap by this much more, relative to the
 # incumbent's seconds (far above that tolerance)
