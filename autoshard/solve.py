@@ -728,7 +728,8 @@ def incumbent(request: Request, ilp: _Ilp, x: np.ndarray, deadline: float) -> np
     candidates = [polish(request, tie_up(request, ilp.choice_of(x)), deadline, budget=False),
                   polish(request, greedy(request), deadline, budget=False)]
     restricted = _Ilp(dataclasses.replace(request, allowed=ilp.support(x[: ilp.num_x])))
-    choice, _ = restricted.solve(deadline - time.perf_counter())
+    choice, _ = restricted.solve((deadline - time.perf_counter()) / 2)   # half: the rest
+    #                                                     is branch and bound's on the whole
     if choice is not None:
         candidates.append(choice)
     valid = [c for c in candidates if is_valid(request, c)]
