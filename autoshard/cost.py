@@ -967,6 +967,10 @@ class _Builder:
             resident.add(value_id)
             fixed.append(len(terms))
             terms.append(self.value_bytes(value_id))
+        if len(graph.outputs) > 1:   # the result tuple's table: a pointer per output
+            fixed.append(len(terms))
+            terms.append(MemoryTerm(0, np.full(self.group_size(0),
+                                               float(POINTER_BYTES * len(graph.outputs)))))
         from_args, transposed = self.from_arguments(), self.transposed_reads()
         # a reader of a copy made before it does not hold the value: the copy does
         copied = {(v, n) for v, n, _ in transposed
@@ -1015,6 +1019,10 @@ class _Builder:
             starts = self.copy_starts(value_id, from_args)
             yield (k, num_bytes), min(starts[r] for r in readers), max(readers)
 
+
+# XLA returns several results as a tuple: a buffer of one pointer per result, counted in
+# the compiled program's output bytes (a single result is returned as itself).
+POINTER_BYTES = 8
 
 # Between plans of equal time, prefer the one that keeps fewer bytes per device.
 TIEBREAK_SECONDS_PER_BYTE = 1e-15

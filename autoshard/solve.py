@@ -9,7 +9,9 @@ group; per pair of groups a continuous e[r, c] over the distinct rows and column
 pair's matrices (edge costs, and memory that depends on both groups' strategies) whose
 marginals equal the x's (so e is the product of the two one-hots).
 
-Under a memory budget the unconstrained optimum is tried first. When it does not fit,
+The relaxation is most often integral; when it is not, an incumbent built from it and
+reduced-cost fixing leave branch and bound a small problem (``cheapest``). Under a memory
+budget the unconstrained optimum is tried first. When it does not fit,
 memory is priced into the objective (Lagrangian relaxation: a few LPs of the same
 problem, which stay integral), giving plans within the budget and a lower bound on the
 best one. Small problems then add the memory rows the current solution violates, lazily,
@@ -31,6 +33,14 @@ OPTIMALITY_GAP = 1e-4
 # memory takes seconds and lands within a few percent of the relaxation's bound.
 EXACT_MAX_VARIABLES = 20_000
 MIP_GAP = 1e-6          # branch and bound stops this close (relative) to its bound
+# the first slack of reduced-cost fixing, as a fraction of the incumbent's gap to the
+# relaxation's bound: the optimum is most often far closer to the bound than greedy
+# incumbents are, and a fraction of the gap leaves a far smaller problem
+FIRST_SLACK = 0.25
+# reduced costs hold to HiGHS's dual feasibility tolerance (1e-7 on costs in
+# microseconds); a variable is fixed only past the gap by this much more, relative to the
+# incumbent's seconds (far above that tolerance)
+REDUCED_COST_TOLERANCE = 1e-6
 
 
 class LiveRows(Sequence):
@@ -282,10 +292,12 @@ def tie_mask(request: Request, choice, g: int) -> np.ndarray:
 POLISH_PASSES = 4
 
 
-def polish(request: Request, choice: np.ndarray, deadline: float) -> np.ndarray:
+def polish(request: Request, choice: np.ndarray, deadline: float,
+           budget: bool = True) -> np.ndarray:
     """Local search on a plan within the budget: move one group at a time to the cheapest
-    strategy that lowers the plan's seconds and keeps it within the budget. Pricing
-    memory leaves such moves where the rounded relaxation overshot."""
+    strategy that lowers the plan's seconds and keeps it within the budget (when
+    ``budget``). Pricing memory leaves such moves where the rounded relaxation
+    overshot; rounding a fractional relaxation leaves them too."""
     choice, touching = choice.copy(), _Touching.of(request)
     for _ in range(POLISH_PASSES):
         moved = False
@@ -295,12 +307,14 @@ def polish(request: Request, choice: np.ndarray, deadline: float) -> np.ndarray:
             seconds = np.where(tie_mask(request, choice, g),
                                group_seconds(request, choice, g, touching), np.inf)
             now = seconds[choice[g]]
+            if not np.isfinite(now):   # a tie ``choice`` breaks: no move keeps it
+                continue
             for s in np.argsort(seconds, kind="stable")[:3]:
                 if not seconds[s] < now - 1e-9 * max(abs(now), 1e-12):
                     break
                 trial = choice.copy()
                 trial[g] = s
-                if fits(request, trial):
+                if not budget or fits(request, trial):
                     choice, moved = trial, True
                     break
             if time.perf_counter() > deadline:
@@ -411,18 +425,17 @@ class _Ilp:
             for (k, _), paid_keys in zip(shared, keys[len(memory):]):
                 shared_rows.append((k, (base + np.flatnonzero(paid_keys.ravel())).tolist()))
             next_var += r_n * c_n
-            for r in range(r_n):        # sum_c e[r, c] = sum of x[u, s] with row(s) = r
-                for c in range(c_n):
-                    rows.append(row); cols.append(base + r * c_n + c); vals.append(1.0)
-                for s in su[row_of == r]:
-                    rows.append(row); cols.append(self.offsets[u] + s); vals.append(-1.0)
-                lower.append(0.0); upper.append(0.0); row += 1
-            for c in range(c_n):        # sum_r e[r, c] = sum of x[v, t] with column(t) = c
-                for r in range(r_n):
-                    rows.append(row); cols.append(base + r * c_n + c); vals.append(1.0)
-                for t in sv[col_of == c]:
-                    rows.append(row); cols.append(self.offsets[v] + t); vals.append(-1.0)
-                lower.append(0.0); upper.append(0.0); row += 1
+            # sum_c e[r, c] = sum of x[u, s] with row(s) = r, then
+            # sum_r e[r, c] = sum of x[v, t] with column(t) = c
+            e_row, e_col = np.divmod(np.arange(r_n * c_n), c_n)
+            for e_of, classes, strategies, g, num in ((e_row, row_of, su, u, r_n),
+                                                       (e_col, col_of, sv, v, c_n)):
+                rows.extend((row + e_of).tolist()); cols.extend(range(base, base + r_n * c_n))
+                vals.extend([1.0] * (r_n * c_n))
+                rows.extend((row + classes).tolist())
+                cols.extend((self.offsets[g] + strategies).tolist())
+                vals.extend([-1.0] * len(strategies))
+                lower.extend([0.0] * num); upper.extend([0.0] * num); row += num
         shared_costs = []
         for seconds, members in request.shared_costs:   # y >= sum_s x[g, s] per group
             by_group: dict[int, list[int]] = {}
@@ -507,26 +520,74 @@ class _Ilp:
         """(choice, HiGHS status). ``extra_cost`` is added to the objective (in seconds);
         ``rounded`` takes a fractional relaxation's largest x per group instead of
         branching."""
-        a = sparse.csr_array((self.vals, (self.rows, self.cols)),
-                             shape=(self.num_rows, self.num_vars))
-        constraints = optimize.LinearConstraint(a, self.lower, self.upper)
-        bounds = optimize.Bounds(0, self.var_upper)
-        options = {"time_limit": max(time_limit_s, 1.0), "presolve": True}
-        cost = self.cost if extra_cost is None else self.cost + extra_cost * SECONDS_SCALE
-        # the relaxation of a sharding ILP is most often integral already: then it is the
-        # ILP's optimum, found at the price of one LP instead of branch and bound
-        res = optimize.milp(cost, constraints=constraints, bounds=bounds, options=options)
-        if not rounded and (res.x is None or not is_integral(res.x[: self.num_x])):
-            res = optimize.milp(cost, constraints=constraints, bounds=bounds,
-                                integrality=self.integrality,
-                                options={**options, "mip_rel_gap": MIP_GAP})
+        x, status = self.relax(time_limit_s, extra_cost)
+        if not rounded and (x is None or not is_integral(x[: self.num_x])):
+            x, status = self.branch(time_limit_s, extra_cost)
+        if x is None:
+            return None, status
+        return self.choice_of(x), status
+
+    def matrix(self) -> sparse.csr_array:
+        return sparse.csr_array((self.vals, (self.rows, self.cols)),
+                                shape=(self.num_rows, self.num_vars))
+
+    def objective(self, extra_cost: np.ndarray | None) -> np.ndarray:
+        return self.cost if extra_cost is None else self.cost + extra_cost * SECONDS_SCALE
+
+    def _milp(self, time_limit_s: float, extra_cost, integrality=None, upper=None, **options):
+        res = optimize.milp(self.objective(extra_cost),
+                            constraints=optimize.LinearConstraint(self.matrix(), self.lower,
+                                                                  self.upper),
+                            bounds=optimize.Bounds(0, self.var_upper if upper is None else upper),
+                            integrality=integrality,
+                            options={"time_limit": max(time_limit_s, 1.0), "presolve": True,
+                                     **options})
+        if res.x is not None:
+            self.objective_s = res.fun / SECONDS_SCALE   # a lower bound when relaxed
+        return res.x, res.status
+
+    def relax(self, time_limit_s: float, extra_cost: np.ndarray | None = None):
+        """The LP relaxation: (every variable's value or None, HiGHS status). The
+        relaxation of a sharding ILP is most often integral already: then it is the ILP's
+        optimum, found at the price of one LP instead of branch and bound."""
+        return self._milp(time_limit_s, extra_cost)
+
+    def relax_with_reduced_costs(self, time_limit_s: float):
+        """The LP relaxation as ``relax``, keeping its reduced costs in seconds
+        (``self.reduced_costs``): a choice that sets a variable to 1 costs at least the
+        relaxation's objective plus that variable's reduced cost."""
+        a, lower, upper = self.matrix(), np.asarray(self.lower), np.asarray(self.upper)
+        equal = lower == upper
+        above, below = ~equal & np.isfinite(lower), ~equal & np.isfinite(upper)
+        res = optimize.linprog(self.cost, A_ub=sparse.vstack([-a[above], a[below]]),
+                               b_ub=np.concatenate([-lower[above], upper[below]]),
+                               A_eq=a[equal], b_eq=lower[equal],
+                               bounds=np.stack([np.zeros(self.num_vars), self.var_upper], 1),
+                               method="highs",
+                               options={"time_limit": max(time_limit_s, 1.0)})
         if res.x is None:
             return None, res.status
-        self.objective_s = res.fun / SECONDS_SCALE   # a lower bound when rounded
-        x = res.x[: self.num_x]
-        choice = np.array([int(np.argmax(x[self.offsets[g]: self.offsets[g + 1]]))
-                           for g in range(len(self.offsets) - 1)])
-        return choice, res.status
+        self.objective_s = res.fun / SECONDS_SCALE
+        self.reduced_costs = (res.lower.marginals + res.upper.marginals) / SECONDS_SCALE
+        return res.x, res.status
+
+    def branch(self, time_limit_s: float, extra_cost: np.ndarray | None = None,
+               excluded: np.ndarray | None = None):
+        """The ILP by branch and bound: (every variable's value or None, HiGHS status).
+        Variables ``excluded`` (a mask) are held at 0."""
+        upper = None if excluded is None else np.where(excluded, 0.0, self.var_upper)
+        return self._milp(time_limit_s, extra_cost, self.integrality, upper,
+                          mip_rel_gap=MIP_GAP)
+
+    def choice_of(self, x: np.ndarray) -> np.ndarray:
+        """Per group, the strategy with the largest x (the one chosen when x is integral)."""
+        return np.array([int(np.argmax(x[self.offsets[g]: self.offsets[g + 1]]))
+                         for g in range(len(self.offsets) - 1)])
+
+    def support(self, x: np.ndarray, tolerance: float = 1e-6) -> list[np.ndarray]:
+        """Per group, the strategies a relaxed solution ``x`` gives any weight."""
+        return [np.flatnonzero(x[self.offsets[g]: self.offsets[g + 1]] > tolerance)
+                for g in range(len(self.offsets) - 1)]
 
 
 def num_terms(request: Request) -> int:
@@ -613,17 +674,13 @@ def solve(request: Request) -> Result:
         return Result(choice, seconds, peak, "trivial", time.perf_counter() - start, seconds,
                       False)
     ilp = _Ilp(request)
-    choice, status = ilp.solve(request.time_limit_s)
-    if choice is None:
-        if status == 2:  # infeasible
-            raise InfeasibleBudget(peak_memory(request, smallest_memory_choice(request)))
-        return finish(request, greedy(request), "greedy", start)
-    status_name = "optimal" if status == 0 else "time_limit"
+    choice, status_name, bound = cheapest(request, ilp, deadline)
     if request.memory_budget is None or fits(request, choice):
-        return finish(request, choice, status_name, start, budget_binds=False)
-    if (status == 0 and request.seconds_to_beat is not None
-            and ilp.objective_s * (1 - MIP_GAP) >= request.seconds_to_beat):
-        raise CannotBeat(ilp.objective_s * (1 - MIP_GAP))
+        return finish(request, choice, status_name, start, bound, budget_binds=False)
+    cannot_go_below = evaluate(request, choice)[0] if status_name == "optimal" else bound
+    if (request.seconds_to_beat is not None and cannot_go_below is not None
+            and cannot_go_below * (1 - MIP_GAP) >= request.seconds_to_beat):
+        raise CannotBeat(cannot_go_below * (1 - MIP_GAP))
     best, best_seconds, bound = lagrangian(request, ilp, choice, deadline)
     if best is not None and best_seconds <= bound * (1 + OPTIMALITY_GAP):
         return finish(request, best, "optimal", start, bound)
@@ -635,6 +692,84 @@ def solve(request: Request) -> Result:
         smallest = peak_memory(request, smallest_memory_choice(request))
         raise InfeasibleBudget(min(smallest, peak_memory(request, choice)))
     return finish(request, polish(request, best, deadline), "priced", start, bound)
+
+
+def cheapest(request: Request, ilp: _Ilp, deadline: float):
+    """The cheapest choice regardless of memory: (choice, status, lower bound in seconds).
+
+    The LP relaxation first; when it is fractional, an incumbent is built from it before
+    branching (its rounding and greedy's, polished by local search; the ILP over the
+    strategies the relaxation gives weight, a small problem), so that branch and bound,
+    limited by the clock, never returns worse than that. The relaxation's objective bounds
+    every choice from below, and its reduced costs rule out most variables before
+    branching (``fixed_by_reduced_costs``)."""
+    x, status = ilp.relax_with_reduced_costs(deadline - time.perf_counter())
+    if x is None:
+        if status == 2:  # infeasible
+            raise InfeasibleBudget(peak_memory(request, smallest_memory_choice(request)))
+        return greedy(request), "greedy", None
+    if is_integral(x[: ilp.num_x]):
+        return ilp.choice_of(x), "optimal" if status == 0 else "time_limit", None
+    bound = ilp.objective_s if status == 0 else 0.0
+    best = incumbent(request, ilp, x, deadline)
+    best_seconds = np.inf if best is None else evaluate(request, best)[0]
+    if best_seconds <= bound * (1 + MIP_GAP):
+        return best, "optimal", bound
+    if status != 0 or best is None:   # no reduced costs to trust, or nothing to beat
+        x, status = ilp.branch(deadline - time.perf_counter())
+        if x is not None and evaluate(request, ilp.choice_of(x))[0] <= best_seconds:
+            return ilp.choice_of(x), "optimal" if status == 0 else "time_limit", bound
+        return (greedy(request), "greedy", bound) if best is None else (best, "time_limit",
+                                                                         bound)
+    return fixed_by_reduced_costs(request, ilp, best, bound, deadline)
+
+
+def fixed_by_reduced_costs(request: Request, ilp: _Ilp, best: np.ndarray, bound: float,
+                           deadline: float):
+    """Branch and bound on what reduced costs leave: (choice, status, lower bound).
+
+    A choice costs at least the relaxation's ``bound`` plus the reduced cost of every
+    variable it sets, so one costing at most ``bound + slack`` sets no variable whose
+    reduced cost exceeds ``slack``: holding those at 0 loses none of them, and most
+    products of two groups' strategies are such. A small slack first (a fraction of the
+    incumbent's gap, a smaller problem): its optimum is the optimum if it is within the
+    slack; else the slack widens to the gap of the best choice found, which is exact."""
+    best_seconds = evaluate(request, best)[0]
+    for fraction in (FIRST_SLACK, 1.0):
+        slack = (best_seconds - bound) * fraction
+        tolerance = REDUCED_COST_TOLERANCE * best_seconds
+        x, status = ilp.branch(deadline - time.perf_counter(),
+                               excluded=ilp.reduced_costs > slack + tolerance)
+        if x is not None and evaluate(request, ilp.choice_of(x))[0] < best_seconds:
+            best = ilp.choice_of(x)
+            best_seconds = evaluate(request, best)[0]
+        if status == 0 and best_seconds - bound <= slack + tolerance:
+            return best, "optimal", bound   # every cheaper choice was in the problem
+        if status not in (0, 2):   # 2: nothing within the slack
+            break
+    return best, "time_limit", bound
+
+
+def incumbent(request: Request, ilp: _Ilp, x: np.ndarray, deadline: float) -> np.ndarray:
+    """A good choice from a fractional relaxation ``x``: the best of its rounding and
+    greedy's, each polished, and the ILP restricted to the strategies ``x`` weighs; None
+    when none keeps the ties."""
+    candidates = [polish(request, tie_up(request, ilp.choice_of(x)), deadline, budget=False),
+                  polish(request, greedy(request), deadline, budget=False)]
+    restricted = _Ilp(dataclasses.replace(request, allowed=ilp.support(x[: ilp.num_x])))
+    choice, _ = restricted.solve((deadline - time.perf_counter()) / 2)   # half: the rest
+    #                                                     is branch and bound's on the whole
+    if choice is not None:
+        candidates.append(choice)
+    valid = [c for c in candidates if is_valid(request, c)]
+    return min(valid, key=lambda c: evaluate(request, c)[0]) if valid else None
+
+
+def is_valid(request: Request, choice) -> bool:
+    """Whether ``choice`` takes allowed strategies and keeps every tie."""
+    return (all(allowed_mask(request, g)[s] for g, s in enumerate(choice))
+            and all(keys_u[choice[u]] == keys_v[choice[v]]
+                    for u, v, keys_u, keys_v in request.ties))
 
 
 def fits(request: Request, choice) -> bool:

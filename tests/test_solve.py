@@ -92,7 +92,8 @@ def test_solve_falls_back_to_greedy_when_the_ilp_finds_nothing(monkeypatch):
     # request): greedy starts at (0, 1) = 7 s, moves g0 to 1 (2 + 1 = 3 s), and stops there.
     r = Request(node_costs=[np.array([1.0, 2.0]), np.array([3.0, 1.0])],
                 edges=[(0, 1, np.array([[0.0, 5.0], [5.0, 0.0]]))])
-    monkeypatch.setattr(solve_module._Ilp, "solve", lambda self, *a, **k: (None, 1))
+    for method in ("_milp", "relax_with_reduced_costs"):
+        monkeypatch.setattr(solve_module._Ilp, method, lambda self, *a, **k: (None, 1))
     result = solve(r)
     assert result.status == "greedy"
     assert list(result.choice) == list(greedy(r)) == [1, 1]
@@ -281,3 +282,42 @@ def test_polish_lowers_a_priced_plan_within_the_budget(seed):
     assert evaluate(request, polished)[0] < seconds - 1e-9
     assert evaluate(request, polished)[0] >= brute_force(request) - 1e-9
     assert peak_memory(request, polished) <= request.memory_budget
+
+
+def frustrated_request(seed: int, groups: int = 5, strategies: int = 2) -> Request:
+    """An odd ring of groups whose edges charge 4 s (and a little noise) for equal
+    neighbours, plus random chords. No choice avoids an equal pair on an odd ring, but
+    x = 1/2 everywhere avoids every charge: the LP relaxation is fractional, so solving
+    needs the incumbent and branch and bound."""
+    rng = np.random.default_rng(seed)
+    pairs = [(g, (g + 1) % groups) for g in range(groups)]
+    pairs += [tuple(rng.choice(groups, 2, replace=False)) for _ in range(2)]
+    edges = [(int(u), int(v), 4 * np.eye(strategies) + rng.random((strategies, strategies)))
+             for u, v in pairs]
+    return Request(node_costs=[rng.random(strategies) for _ in range(groups)], edges=edges)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_fractional_relaxation_solved_to_the_optimum(seed):
+    request = frustrated_request(seed)
+    ilp = solve_module._Ilp(request)
+    x, _ = ilp.relax(60.0)
+    assert not solve_module.is_integral(x[: ilp.num_x])
+    result = solve(request)
+    assert result.status == "optimal"
+    assert result.objective == pytest.approx(brute_force(request))
+    assert result.lower_bound <= result.objective * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_clock_limited_branching_never_returns_worse_than_the_incumbent(seed, monkeypatch):
+    # branch and bound stopped by the clock with nothing found: the incumbent built from
+    # the relaxation stands, reported as time-limited with the relaxation's bound
+    request = frustrated_request(seed)
+    best = brute_force(request)
+    monkeypatch.setattr(solve_module, "OPTIMALITY_GAP", -1.0)   # always branch
+    monkeypatch.setattr(solve_module._Ilp, "branch", lambda self, *a, **k: (None, 1))
+    result = solve(request)
+    assert result.status == "time_limit"   # the incumbent, not greedy's fallback
+    assert result.lower_bound <= best * (1 + 1e-9) <= result.objective * (1 + 1e-9)
+    assert result.objective <= evaluate(request, greedy(request))[0] * (1 + 1e-9)
