@@ -40,7 +40,9 @@ def reshard_collectives(shape: Sequence[int], dtype, src: Spec, dst: Spec,
 
     Per dim, axes past the common prefix of ``src`` and ``dst`` leave that dim. An axis
     that leaves one dim and joins another moves by all-to-all; one that leaves and joins
-    none is all-gathered; one that only joins is a free local slice.
+    none is all-gathered; one that only joins is a free local slice. An all-gather
+    concatenates along one dim, so the axes leaving each dim are gathered by an
+    all-gather of their own (``gather_steps``).
     """
     if src == dst:
         return ()
@@ -50,11 +52,11 @@ def reshard_collectives(shape: Sequence[int], dtype, src: Spec, dst: Spec,
         common = 0
         while common < min(len(s), len(d)) and s[common] == d[common]:
             common += 1
-        leaving += s[common:]
+        leaving.append(s[common:])
         joining |= set(d[common:])
     current = set(specs.spec_axes(src))
     out = []
-    for axis in [a for a in leaving if a in joining]:
+    for axis in [a for axes in leaving for a in axes if a in joining]:
         num_bytes = total / specs.dim_shards(tuple(current), axis_sizes)
         seconds = hwlib.all_to_all_seconds(num_bytes, axis_sizes[axis], hw.bandwidth(axis),
                                            hw.link_latency)
@@ -62,14 +64,40 @@ def reshard_collectives(shape: Sequence[int], dtype, src: Spec, dst: Spec,
         # one: XLA copies the buffer into peer-major order first (read and write it)
         seconds += hw.compute_seconds(0.0, 2 * num_bytes)
         out.append(Collective("all-to-all", (axis,), num_bytes, seconds))
-    gathered = tuple(a for a in leaving if a not in joining)
-    if gathered:
-        current -= set(gathered)
-        num_bytes = total / specs.dim_shards(tuple(current), axis_sizes)
-        group = specs.dim_shards(gathered, axis_sizes)
-        seconds = hwlib.all_gather_seconds(num_bytes, group, hw.group_bandwidth(gathered),
-                                           hw.link_latency)
-        out.append(Collective("all-gather", gathered, num_bytes, seconds))
+    gathered = [tuple(a for a in axes if a not in joining) for axes in leaving]
+    return tuple(out) + gather_steps(shape, dtype, src, gathered, axis_sizes, hw)
+
+
+def gather_steps(shape, dtype, src: Spec, gathered: Sequence[tuple[str, ...]],
+                 axis_sizes: Mapping[str, int], hw: Hardware) -> tuple[Collective, ...]:
+    """The all-gathers that take ``gathered[d]`` (axes) off each dim d of an array split as
+    ``src``: one per dim, the last dim first, as XLA's partitioner emits them.
+
+    An all-gather concatenates along the major dim of its buffer, so XLA lays a buffer
+    out with the gathered dim major first: a copy (read and write it) before gathering a
+    dim that is not major in the buffer's layout, which is row-major to start with and
+    has the gathered dim major after each gather. P(data, model) -> P() gathers 'model'
+    on dim 1 (copied first), then 'data' on dim 0 (copied back first).
+    """
+    current = [list(axes) for axes in src]
+    major = None   # the dim the buffer's layout has major: row-major to start with
+    out = []
+    for d in reversed(range(len(shape))):
+        if not gathered[d]:
+            continue
+        num_bytes = specs.nbytes(shape, dtype) / specs.num_shards(current, axis_sizes)
+        local = [size // specs.dim_shards(axes, axis_sizes)
+                 for size, axes in zip(shape, current)]
+        first = major if major is not None else next(
+            (k for k, n in enumerate(local) if n > 1), d)
+        copy = 0.0 if first == d or local[first] == 1 else 2 * num_bytes
+        current[d] = [a for a in current[d] if a not in gathered[d]]
+        out_bytes = specs.nbytes(shape, dtype) / specs.num_shards(current, axis_sizes)
+        seconds = hwlib.all_gather_seconds(out_bytes, specs.dim_shards(gathered[d], axis_sizes),
+                                           hw.group_bandwidth(gathered[d]), hw.link_latency)
+        out.append(Collective("all-gather", gathered[d], out_bytes,
+                              seconds + hw.compute_seconds(0.0, copy)))
+        major = d
     return tuple(out)
 
 
