@@ -27,7 +27,8 @@ from autoshard.hardware import Hardware
 from autoshard.solve import LiveRows
 from autoshard.specs import Spec
 from autoshard.strategies import (Collective, StrategySpace, expensive, loop_scope,
-                                  reduction_waves, spreads, trailing_ancestors)
+                                  reduction_waves, spreads, trailing_ancestors,
+                                  transposed_operands)
 
 
 # -- resharding -----------------------------------------------------------------------------
@@ -103,45 +104,6 @@ def gather_steps(shape, dtype, src: Spec, gathered: Sequence[tuple[str, ...]],
 
 def reshard_seconds(shape, dtype, src: Spec, dst: Spec, axis_sizes, hw) -> float:
     return sum(c.seconds for c in reshard_collectives(shape, dtype, src, dst, axis_sizes, hw))
-
-
-def transposed_for_dot(node, i: int) -> bool:
-    """Whether XLA copies operand ``i`` of a dot_general into another layout first.
-
-    XLA rewrites a dot that is not a (batched) matrix product as one over operands
-    transposed to [batch, free, contracting] (lhs) and [batch, contracting, free] (rhs);
-    an operand whose dims are not in that order already is copied, unless it is a
-    matrix behind leading batch dims (read transposed in place). A weight [d, heads, k]
-    read by the backward pass's dot contracting (heads, k) is copied, and so is
-    q [b, t, heads, k] read by the scores' dot (batch b, heads); [d, f] or
-    [experts, d, f] is not.
-    """
-    (lc, rc), (lb, rb) = node.params["dimension_numbers"]
-    shape, contract, batch = node.operand_shapes[i], (lc, rc)[i], (lb, rb)[i]
-    free = [d for d in range(len(shape)) if d not in contract and d not in batch]
-    order = [*batch, *free, *contract] if i == 0 else [*batch, *contract, *free]
-    kept = [d for d in order if shape[d] != 1]
-    nb = sum(shape[d] != 1 for d in batch)
-    matrix_behind_batch = kept[:nb] == sorted(kept)[:nb] and len(kept) - nb <= 2
-    return kept != sorted(kept) and not matrix_behind_batch
-
-
-def transposed_for_conv(node, i: int) -> bool:
-    """Whether XLA copies operand ``i`` of a convolution into another layout first.
-
-    XLA:CPU convolves inputs laid out [batch, spatial..., feature] with kernels
-    [spatial..., in, out]; an operand whose dims come in another order is copied: the
-    kernel of a backward-data convolution, the activations of a weight-gradient one.
-    """
-    dn = node.params["dimension_numbers"]
-    spec, shape = (dn.lhs_spec, dn.rhs_spec)[i], node.operand_shapes[i]
-    order = [spec[0], *spec[2:], spec[1]] if i == 0 else [*spec[2:], spec[1], spec[0]]
-    kept = [d for d in order if shape[d] != 1]
-    return kept != sorted(kept)
-
-
-TRANSPOSED_OPERANDS = {"dot_general": transposed_for_dot,
-                       "conv_general_dilated": transposed_for_conv}
 
 
 # -- the cost graph ---------------------------------------------------------------------------
@@ -843,13 +805,8 @@ class _Builder:
 
     def transposed_reads(self) -> list[tuple[int, int, int]]:
         """(value, node, operand) of the operands XLA copies into another layout first."""
-        found = []
-        for node in self.graph.nodes:
-            transposed = TRANSPOSED_OPERANDS.get(node.primitive)
-            if transposed is not None:
-                found += [(v, node.id, i) for i, v in enumerate(node.operands)
-                          if v is not None and transposed(node, i)]
-        return found
+        return [(node.operands[i], node.id, i) for node in self.graph.nodes
+                for i, copied in enumerate(transposed_operands(node)) if copied]
 
     def reshard_buffers(self, from_args: Sequence[bool], copied: set):
         """(term, first node, last node) of every resharded copy a reader makes (see
