@@ -18,7 +18,7 @@ import dataclasses
 import re
 from typing import Mapping, Sequence
 
-from autoshard.cost import CostGraph
+from autoshard.cost import CostGraph, reshard_collectives
 
 KEY_PATTERN = re.compile(r"\[[^\]]*\]|\.[A-Za-z_]\w*")
 
@@ -29,8 +29,9 @@ class CostItem:
 
     ``comm_s_by_kind`` maps a collective kind ("all-reduce", "reduce-scatter", ...) to
     the seconds the group's own collectives take; ``reshard_s`` is the time spent moving
-    its operands into the specs it wants. Seconds include loop trip counts; ``weight``
-    is how many times the group's first equation runs per call.
+    its operands into the specs it wants, and ``reshard_s_by_kind`` the same split by the
+    collectives that move them. Seconds include loop trip counts; ``weight`` is how many
+    times the group's first equation runs per call.
     """
 
     label: str
@@ -39,6 +40,7 @@ class CostItem:
     comm_s_by_kind: Mapping[str, float]
     reshard_s: float
     weight: float = 1.0
+    reshard_s_by_kind: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def comm_s(self) -> float:
@@ -51,13 +53,14 @@ class CostItem:
     def to_dict(self) -> dict:
         return {"label": self.label, "primitive": self.primitive, "compute_s": self.compute_s,
                 "comm_s_by_kind": dict(self.comm_s_by_kind), "reshard_s": self.reshard_s,
-                "weight": self.weight}
+                "weight": self.weight, "reshard_s_by_kind": dict(self.reshard_s_by_kind)}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "CostItem":
         return cls(d["label"], d["primitive"], float(d["compute_s"]),
                    {k: float(v) for k, v in d["comm_s_by_kind"].items()},
-                   float(d["reshard_s"]), float(d.get("weight", 1.0)))
+                   float(d["reshard_s"]), float(d.get("weight", 1.0)),
+                   {k: float(v) for k, v in d.get("reshard_s_by_kind", {}).items()})
 
 
 # -- layers from argument paths ---------------------------------------------------------------
@@ -183,7 +186,7 @@ def cost_breakdown(cg: CostGraph, chosen: Sequence,
         if entry is None:
             entry = acc[(g, layers[node.id])] = {
                 "primitive": node.primitive, "weight": node.weight, "compute_s": 0.0,
-                "comm": {}, "reshard_s": 0.0, "heaviest": -1.0}
+                "comm": {}, "reshard_s": 0.0, "reshards": {}, "heaviest": -1.0}
         s = chosen[node.id]
         entry["compute_s"] += s.compute_s
         listed = 0.0
@@ -196,6 +199,9 @@ def cost_breakdown(cg: CostGraph, chosen: Sequence,
         for x in reshards[node.id]:
             seconds += x
         entry["reshard_s"] += seconds
+        if seconds:
+            for kind, x in reshard_kinds(cg, chosen, node, reshards[node.id]).items():
+                entry["reshards"][kind] = entry["reshards"].get(kind, 0.0) + x
         if s.seconds > entry["heaviest"] and node.kind == "eqn":
             entry["primitive"], entry["weight"], entry["heaviest"] = (node.primitive,
                                                                       node.weight, s.seconds)
@@ -203,8 +209,28 @@ def cost_breakdown(cg: CostGraph, chosen: Sequence,
     for (_, label), e in acc.items():
         if e["compute_s"] or e["comm"] or e["reshard_s"]:
             items.append(CostItem(label, e["primitive"], e["compute_s"], e["comm"],
-                                  e["reshard_s"], e["weight"]))
+                                  e["reshard_s"], e["weight"], e["reshards"]))
     return tuple(items)
+
+
+def reshard_kinds(cg: CostGraph, chosen: Sequence, node,
+                  seconds: Sequence[float]) -> dict[str, float]:
+    """The seconds resharding a node's operands takes (``seconds``, one per operand that is
+    no literal), split by the kind of the collectives that move each."""
+    graph, out = cg.space.graph, {}
+    operands = [(i, v) for i, v in enumerate(node.operands) if v is not None]
+    for (i, value_id), x in zip(operands, seconds):
+        if not x:
+            continue
+        value = graph.values[value_id]
+        found = reshard_collectives(value.shape, value.dtype,
+                                    chosen[value.producer].out_specs[value.index],
+                                    chosen[node.id].in_specs[i], cg.space.axis_sizes,
+                                    cg.space.hardware)
+        total = sum(c.seconds for c in found)
+        for c in found:
+            out[c.kind] = out.get(c.kind, 0.0) + x * c.seconds / total
+    return out
 
 
 def memory_parts(cg: CostGraph, choice: Sequence[int], peak_bytes: float) -> dict[str, float]:

@@ -27,7 +27,8 @@ from autoshard.hardware import Hardware
 from autoshard.solve import LiveRows
 from autoshard.specs import Spec
 from autoshard.strategies import (Collective, StrategySpace, expensive, loop_scope,
-                                  reduction_waves, spreads, trailing_ancestors)
+                                  reduction_waves, spreads, trailing_ancestors,
+                                  transposed_operands)
 
 
 # -- resharding -----------------------------------------------------------------------------
@@ -40,7 +41,9 @@ def reshard_collectives(shape: Sequence[int], dtype, src: Spec, dst: Spec,
 
     Per dim, axes past the common prefix of ``src`` and ``dst`` leave that dim. An axis
     that leaves one dim and joins another moves by all-to-all; one that leaves and joins
-    none is all-gathered; one that only joins is a free local slice.
+    none is all-gathered; one that only joins is a free local slice. An all-gather
+    concatenates along one dim, so the axes leaving each dim are gathered by an
+    all-gather of their own (``gather_steps``).
     """
     if src == dst:
         return ()
@@ -50,11 +53,11 @@ def reshard_collectives(shape: Sequence[int], dtype, src: Spec, dst: Spec,
         common = 0
         while common < min(len(s), len(d)) and s[common] == d[common]:
             common += 1
-        leaving += s[common:]
+        leaving.append(s[common:])
         joining |= set(d[common:])
     current = set(specs.spec_axes(src))
     out = []
-    for axis in [a for a in leaving if a in joining]:
+    for axis in [a for axes in leaving for a in axes if a in joining]:
         num_bytes = total / specs.dim_shards(tuple(current), axis_sizes)
         seconds = hwlib.all_to_all_seconds(num_bytes, axis_sizes[axis], hw.bandwidth(axis),
                                            hw.link_latency)
@@ -62,58 +65,45 @@ def reshard_collectives(shape: Sequence[int], dtype, src: Spec, dst: Spec,
         # one: XLA copies the buffer into peer-major order first (read and write it)
         seconds += hw.compute_seconds(0.0, 2 * num_bytes)
         out.append(Collective("all-to-all", (axis,), num_bytes, seconds))
-    gathered = tuple(a for a in leaving if a not in joining)
-    if gathered:
-        current -= set(gathered)
-        num_bytes = total / specs.dim_shards(tuple(current), axis_sizes)
-        group = specs.dim_shards(gathered, axis_sizes)
-        seconds = hwlib.all_gather_seconds(num_bytes, group, hw.group_bandwidth(gathered),
-                                           hw.link_latency)
-        out.append(Collective("all-gather", gathered, num_bytes, seconds))
+    gathered = [tuple(a for a in axes if a not in joining) for axes in leaving]
+    return tuple(out) + gather_steps(shape, dtype, src, gathered, axis_sizes, hw)
+
+
+def gather_steps(shape, dtype, src: Spec, gathered: Sequence[tuple[str, ...]],
+                 axis_sizes: Mapping[str, int], hw: Hardware) -> tuple[Collective, ...]:
+    """The all-gathers that take ``gathered[d]`` (axes) off each dim d of an array split as
+    ``src``: one per dim, the last dim first, as XLA's partitioner emits them.
+
+    An all-gather concatenates along the major dim of its buffer, so XLA lays a buffer
+    out with the gathered dim major first: a copy (read and write it) before gathering a
+    dim that is not major in the buffer's layout, which is row-major to start with and
+    has the gathered dim major after each gather. P(data, model) -> P() gathers 'model'
+    on dim 1 (copied first), then 'data' on dim 0 (copied back first).
+    """
+    current = [list(axes) for axes in src]
+    major = None   # the dim the buffer's layout has major: row-major to start with
+    out = []
+    for d in reversed(range(len(shape))):
+        if not gathered[d]:
+            continue
+        num_bytes = specs.nbytes(shape, dtype) / specs.num_shards(current, axis_sizes)
+        local = [size // specs.dim_shards(axes, axis_sizes)
+                 for size, axes in zip(shape, current)]
+        first = major if major is not None else next(
+            (k for k, n in enumerate(local) if n > 1), d)
+        copy = 0.0 if first == d or local[first] == 1 else 2 * num_bytes
+        current[d] = [a for a in current[d] if a not in gathered[d]]
+        out_bytes = specs.nbytes(shape, dtype) / specs.num_shards(current, axis_sizes)
+        seconds = hwlib.all_gather_seconds(out_bytes, specs.dim_shards(gathered[d], axis_sizes),
+                                           hw.group_bandwidth(gathered[d]), hw.link_latency)
+        out.append(Collective("all-gather", gathered[d], out_bytes,
+                              seconds + hw.compute_seconds(0.0, copy)))
+        major = d
     return tuple(out)
 
 
 def reshard_seconds(shape, dtype, src: Spec, dst: Spec, axis_sizes, hw) -> float:
     return sum(c.seconds for c in reshard_collectives(shape, dtype, src, dst, axis_sizes, hw))
-
-
-def transposed_for_dot(node, i: int) -> bool:
-    """Whether XLA copies operand ``i`` of a dot_general into another layout first.
-
-    XLA rewrites a dot that is not a (batched) matrix product as one over operands
-    transposed to [batch, free, contracting] (lhs) and [batch, contracting, free] (rhs);
-    an operand whose dims are not in that order already is copied, unless it is a
-    matrix behind leading batch dims (read transposed in place). A weight [d, heads, k]
-    read by the backward pass's dot contracting (heads, k) is copied, and so is
-    q [b, t, heads, k] read by the scores' dot (batch b, heads); [d, f] or
-    [experts, d, f] is not.
-    """
-    (lc, rc), (lb, rb) = node.params["dimension_numbers"]
-    shape, contract, batch = node.operand_shapes[i], (lc, rc)[i], (lb, rb)[i]
-    free = [d for d in range(len(shape)) if d not in contract and d not in batch]
-    order = [*batch, *free, *contract] if i == 0 else [*batch, *contract, *free]
-    kept = [d for d in order if shape[d] != 1]
-    nb = sum(shape[d] != 1 for d in batch)
-    matrix_behind_batch = kept[:nb] == sorted(kept)[:nb] and len(kept) - nb <= 2
-    return kept != sorted(kept) and not matrix_behind_batch
-
-
-def transposed_for_conv(node, i: int) -> bool:
-    """Whether XLA copies operand ``i`` of a convolution into another layout first.
-
-    XLA:CPU convolves inputs laid out [batch, spatial..., feature] with kernels
-    [spatial..., in, out]; an operand whose dims come in another order is copied: the
-    kernel of a backward-data convolution, the activations of a weight-gradient one.
-    """
-    dn = node.params["dimension_numbers"]
-    spec, shape = (dn.lhs_spec, dn.rhs_spec)[i], node.operand_shapes[i]
-    order = [spec[0], *spec[2:], spec[1]] if i == 0 else [*spec[2:], spec[1], spec[0]]
-    kept = [d for d in order if shape[d] != 1]
-    return kept != sorted(kept)
-
-
-TRANSPOSED_OPERANDS = {"dot_general": transposed_for_dot,
-                       "conv_general_dilated": transposed_for_conv}
 
 
 # -- the cost graph ---------------------------------------------------------------------------
@@ -815,13 +805,8 @@ class _Builder:
 
     def transposed_reads(self) -> list[tuple[int, int, int]]:
         """(value, node, operand) of the operands XLA copies into another layout first."""
-        found = []
-        for node in self.graph.nodes:
-            transposed = TRANSPOSED_OPERANDS.get(node.primitive)
-            if transposed is not None:
-                found += [(v, node.id, i) for i, v in enumerate(node.operands)
-                          if v is not None and transposed(node, i)]
-        return found
+        return [(node.operands[i], node.id, i) for node in self.graph.nodes
+                for i, copied in enumerate(transposed_operands(node)) if copied]
 
     def reshard_buffers(self, from_args: Sequence[bool], copied: set):
         """(term, first node, last node) of every resharded copy a reader makes (see

@@ -714,11 +714,14 @@ def _collective_bytes(comp: Computation, op: Instruction, kind: str) -> int:
     return sum(s.num_bytes for s in operands)
 
 
-def _collective(module: HloModule, comp: Computation, inst: Instruction, count: int,
-                hardware: Hardware, mesh) -> CompiledCollective | None:
+def _collectives(module: HloModule, comp: Computation, inst: Instruction, count: int,
+                 hardware: Hardware, mesh) -> list[CompiledCollective]:
+    """The collectives one op runs: one, or for a combined all-reduce some of whose results
+    are only sliced (CPU's reduce-scatters, merged by its combiner with true all-reduces)
+    a reduce-scatter of those and an all-reduce of the rest, sharing one latency."""
     found = _collective_op(module, comp, inst)
     if found is None:
-        return None
+        return []
     op_comp, op, kind = found
     num_bytes = _collective_bytes(op_comp, op, kind)
     if kind == "collective-permute":
@@ -727,13 +730,40 @@ def _collective(module: HloModule, comp: Computation, inst: Instruction, count: 
     else:
         groups = parse_replica_groups(op.attrs.get("replica_groups", "{}"), module.num_devices)
         group_size, axes = len(groups[0]), _axes_of(groups, mesh)
-        result = _result_shape(inst)
-        if (kind == "all-reduce" and not result.is_tuple and group_size > 1
-                and _only_sliced(module, comp, inst.name, result.num_elements, group_size)):
-            kind = "reduce-scatter"  # CPU spelling: all-reduce then keep my 1/n slice
     bandwidth = hardware.group_bandwidth(axes) if axes else hardware.default_link_bandwidth
-    seconds = collective_seconds(kind, num_bytes, group_size, bandwidth, hardware.link_latency)
-    return CompiledCollective(kind, num_bytes, group_size, axes, count, seconds, inst.name)
+    sliced = (_sliced_bytes(module, comp, inst, group_size)
+              if kind == "all-reduce" and group_size > 1 else 0)
+    parts = [(kind, num_bytes - sliced)] if sliced < num_bytes else []
+    if sliced:   # the CPU spelling
+        parts.append(("reduce-scatter", sliced))
+    out = []
+    for part, part_bytes in parts:
+        seconds = collective_seconds(part, part_bytes, group_size, bandwidth,
+                                     hardware.link_latency)
+        if out:   # one op: one latency
+            seconds -= hardware.link_latency
+        out.append(CompiledCollective(part, part_bytes, group_size, axes, count, seconds,
+                                      inst.name))
+    return out
+
+
+def _sliced_bytes(module: HloModule, comp: Computation, inst: Instruction,
+                  group_size: int) -> int:
+    """Bytes of an all-reduce's results of which every reader keeps a 1/group_size slice:
+    all-reduce then keep my slice is how XLA:CPU spells reduce-scatter. A combined
+    all-reduce (a tuple) is read element by element."""
+    result = _result_shape(inst)
+    if not result.is_tuple:
+        return (result.num_bytes if _only_sliced(module, comp, inst.name, result.num_elements,
+                                                 group_size) else 0)
+    found = 0
+    for user in comp.users(inst.name):
+        if user.opcode != "get-tuple-element":
+            return 0   # read whole somewhere
+        element = result.elements[int(user.attrs.get("index", "0"))]
+        if _only_sliced(module, comp, user.name, element.num_elements, group_size):
+            found += element.num_bytes
+    return found
 
 
 # --------------------------------------------------------------------------- report
@@ -825,17 +855,17 @@ def report_from_module(module: HloModule, hardware: Hardware, mesh=None, memory=
         op_flops, op_bytes = _flops(module, comp, inst), _bytes(module, comp, inst)
         flops += op_flops * count
         num_bytes += op_bytes * count
-        collective = (None if _is_done(inst)
-                      else _collective(module, comp, inst, count, hardware, mesh))
-        if collective is not None:
-            collectives.append(collective)
+        found = [] if _is_done(inst) else _collectives(module, comp, inst, count, hardware,
+                                                         mesh)
+        collectives += found
+        for collective in found:
             widened = _widened_from(comp, inst)
             if widened:
                 warnings.append(f"{collective.kind} {inst.name} moves {widened[1]} converted "
                                 f"from the program's {widened[0]}: {collective.num_bytes} "
                                 f"bytes where the program's dtype has "
                                 f"{collective.num_bytes * _DTYPE_BITS[widened[0]] // _DTYPE_BITS[widened[1]]}")
-        elif op_flops or op_bytes:
+        if not found and (op_flops or op_bytes):
             seconds = hardware.compute_seconds(op_flops, op_bytes) * count
             compute_s += seconds
             by_runs[count] = by_runs.get(count, 0.0) + seconds

@@ -106,6 +106,7 @@ class _Context:
 
 def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, ctx) -> list[Strategy]:
     axis_sizes, hw, materialized = ctx.axis_sizes, ctx.hardware, ctx.materialized
+    transposed = transposed_operands(node)
     result = []
     for split in assignments(einsum, axis_sizes):
         in_specs = tuple(term_spec(t, split) if v is not None else None
@@ -123,7 +124,8 @@ def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, ctx) -
                        + sum(b for b, m in zip(in_bytes_each, materialized[0]) if m))
         else:
             touched = in_bytes + sum(out_bytes)
-        compute_s = hw.compute_seconds(flops, touched) * node.weight
+        compute_s = (hw.compute_seconds(flops, touched) + layout_copy_seconds(
+            in_bytes_each, transposed, hw)) * node.weight
         if node.kind in ("output", "boundary"):
             compute_s = slice_copy_seconds(node, out_shapes, in_bytes_each, out_bytes, hw)
         partial_axes = tuple(a for a in axis_sizes
@@ -166,6 +168,58 @@ def reduction_widening(dtype, reduction_itemsize: int) -> float:
     if not np.issubdtype(dtype, np.floating) and dtype.name not in ("bfloat16",):
         return 1.0
     return max(1.0, reduction_itemsize / dtype.itemsize)
+
+
+def transposed_for_dot(node, i: int) -> bool:
+    """Whether XLA copies operand ``i`` of a dot_general into another layout first.
+
+    XLA rewrites a dot that is not a (batched) matrix product as one over operands
+    transposed to [batch, free, contracting] (lhs) and [batch, contracting, free] (rhs);
+    an operand whose dims are not in that order already is copied, unless it is a
+    matrix behind leading batch dims (read transposed in place). A weight [d, heads, k]
+    read by the backward pass's dot contracting (heads, k) is copied, and so is
+    q [b, t, heads, k] read by the scores' dot (batch b, heads); [d, f] or
+    [experts, d, f] is not.
+    """
+    (lc, rc), (lb, rb) = node.params["dimension_numbers"]
+    shape, contract, batch = node.operand_shapes[i], (lc, rc)[i], (lb, rb)[i]
+    free = [d for d in range(len(shape)) if d not in contract and d not in batch]
+    order = [*batch, *free, *contract] if i == 0 else [*batch, *contract, *free]
+    kept = [d for d in order if shape[d] != 1]
+    nb = sum(shape[d] != 1 for d in batch)
+    matrix_behind_batch = kept[:nb] == sorted(kept)[:nb] and len(kept) - nb <= 2
+    return kept != sorted(kept) and not matrix_behind_batch
+
+
+def transposed_for_conv(node, i: int) -> bool:
+    """Whether XLA copies operand ``i`` of a convolution into another layout first.
+
+    XLA:CPU convolves inputs laid out [batch, spatial..., feature] with kernels
+    [spatial..., in, out]; an operand whose dims come in another order is copied: the
+    kernel of a backward-data convolution, the activations of a weight-gradient one.
+    """
+    dn = node.params["dimension_numbers"]
+    spec, shape = (dn.lhs_spec, dn.rhs_spec)[i], node.operand_shapes[i]
+    order = [spec[0], *spec[2:], spec[1]] if i == 0 else [*spec[2:], spec[1], spec[0]]
+    kept = [d for d in order if shape[d] != 1]
+    return kept != sorted(kept)
+
+
+TRANSPOSED_OPERANDS = {"dot_general": transposed_for_dot,
+                       "conv_general_dilated": transposed_for_conv}
+
+
+def layout_copy_seconds(in_bytes_each, copied: Sequence[bool], hw: Hardware) -> float:
+    """The copies XLA makes of operands it reads in another layout (``transposed_operands``):
+    each read and written once, before the node."""
+    return hw.compute_seconds(0.0, 2 * sum(b for b, c in zip(in_bytes_each, copied) if c))
+
+
+def transposed_operands(node: Node) -> tuple[bool, ...]:
+    """Per operand of a node: whether XLA copies it into another layout before reading it."""
+    transposed = TRANSPOSED_OPERANDS.get(node.primitive)
+    return tuple(transposed is not None and v is not None and transposed(node, i)
+                 for i, v in enumerate(node.operands))
 
 
 def slice_copy_seconds(node: Node, out_shapes, in_bytes_each, out_bytes, hw: Hardware) -> float:

@@ -6,8 +6,8 @@ expert parallel, ZeRO-1) and ``--random`` random partial pins, each planned with
 same Hardware (an H100 node; on 8x2 the first axis crosses nodes, as in plan_quality.py).
 Prints predicted vs compiled step time per plan, then per program and mesh the median and
 worst |predicted / compiled - 1| and the Spearman rank correlation, and for the worst
-offenders the term furthest off: compute, a collective kind, or memory (resharding is
-priced as its own term and compiles to collectives, so it is set beside them).
+offenders every term predicted against compiled: compute, each collective kind (the
+resharding between operations counted in the kinds it compiles to), memory.
 
 Run: python benchmarks/cost_accuracy.py [--programs gpt,moe,plain_lm,plain_moe,plain_cnn]
                                         [--meshes 8,2x4,8x2] [--random 20] [--worst 3]
@@ -59,16 +59,23 @@ class Measured:
 
 
 def random_pins(case, mesh, seed: int, fraction: float = 0.5) -> dict:
-    """Random valid specs for a random part of the arguments (path form)."""
+    """Random valid specs for a random part of the arguments (path form). A train step
+    returns its state first, and the donated state is written back there: each pinned
+    leaf of a donated state has its output (``out[0]...``) pinned alike, as XLA aliases
+    only buffers sharded alike."""
     rng = np.random.default_rng(seed)
     sizes = axis_sizes(mesh)
-    paths = (experts.leaf_paths(case.state, "state")
-             + experts.leaf_paths(case.make_batch(0), "batch"))
+    state_paths = experts.leaf_paths(case.state)
+    paths = ([("state" + p, "out[0]" + p if 0 in case.donate_argnums else None)
+              for p in state_paths]
+             + [(p, None) for p in experts.leaf_paths(case.make_batch(0), "batch")])
     pins = {}
-    for path, leaf in zip(paths, jax.tree.leaves(case.args)):
+    for (path, written_to), leaf in zip(paths, jax.tree.leaves(case.args)):
         if rng.random() < fraction:
             options = list(specs.enumerate_specs(leaf.shape, sizes))
             pins[path] = specs.to_partition_spec(options[rng.integers(len(options))])
+            if written_to is not None:
+                pins[written_to] = pins[path]
     return pins
 
 
@@ -81,44 +88,52 @@ def layouts(case, mesh, num_random: int) -> dict:
 
 
 def terms_of(plan, report) -> dict:
-    """Predicted and compiled seconds per term: compute, each collective kind (predicted:
-    the chosen strategies' own), resharding (predicted only: it compiles to collectives),
-    the latencies combined collectives share (predicted only: compiled, they are in each
-    collective); and bytes of memory."""
-    predicted: dict = {"compute": plan.cost.compute_s, "resharding": plan.cost.reshard_s}
+    """Predicted and compiled seconds per term: compute, and per collective kind the
+    collectives the chosen strategies make plus those resharding their operands (they
+    compile to the same ops); the latencies combined collectives share (predicted only:
+    compiled, they are in each collective); and bytes of memory."""
+    predicted: dict = {"compute": plan.cost.compute_s}
     for item in plan.breakdown:
-        for kind, seconds in item.comm_s_by_kind.items():
-            predicted[kind] = predicted.get(kind, 0.0) + seconds
-    own = sum(v for k, v in predicted.items() if k not in ("compute", "resharding"))
-    predicted["shared latency"] = plan.cost.comm_s - plan.cost.reshard_s - own
+        for kinds in (item.comm_s_by_kind, item.reshard_s_by_kind):
+            for kind, seconds in kinds.items():
+                predicted[kind] = predicted.get(kind, 0.0) + seconds
+    listed = sum(v for k, v in predicted.items() if k != "compute")
+    predicted["shared latency"] = plan.cost.comm_s - listed
     compiled: dict = {"compute": report.compute_s}
     for c in report.collectives:
         compiled[c.kind] = compiled.get(c.kind, 0.0) + c.seconds * c.count
     out = {k: (predicted.get(k, 0.0), compiled.get(k, 0.0))
            for k in dict.fromkeys([*predicted, *compiled])}
     out["communication"] = (plan.cost.comm_s, report.comm_s)
+    out["resharding (in the kinds above)"] = (plan.cost.reshard_s, None)
     out["memory bytes"] = (plan.cost.memory_bytes, report.memory_bytes)
     return out
 
 
-def furthest_term(m: Measured) -> str:
-    """Compute or communication, whichever is further off, and within communication the
-    collective kind further off (resharding and shared latency beside it)."""
-    t = m.terms
+SUMMED = ("communication", "resharding (in the kinds above)", "memory bytes")
 
-    def ms(name):
-        p, c = t[name]
-        return f"{name} {p * 1e3:.4f} vs {c * 1e3:.4f} ms"
-    gap = {k: abs(t[k][0] - t[k][1]) for k in ("compute", "communication")}
-    worse = max(gap, key=gap.get)
-    kinds = [k for k in t if k not in ("compute", "communication", "memory bytes",
-                                       "resharding", "shared latency")]
-    text = ms(worse)
-    if worse == "communication" and kinds:
-        kind = max(kinds, key=lambda k: abs(t[k][0] - t[k][1]))
-        text += f" ({ms(kind)}; resharding {t['resharding'][0] * 1e3:.4f} ms predicted)"
-    memory = t["memory bytes"]
-    return text + f"; memory {memory[0] / 2**20:.0f} vs {memory[1] / 2**20:.0f} MiB"
+
+def furthest_term(m: Measured) -> str:
+    """The time term (compute, or a collective kind) furthest off, in seconds."""
+    gaps = {k: abs(p - c) for k, (p, c) in m.terms.items()
+            if k not in SUMMED and k != "shared latency"}
+    name = max(gaps, key=gaps.get)
+    p, c = m.terms[name]
+    return f"{name} {p * 1e3:.4f} vs {c * 1e3:.4f} ms"
+
+
+def term_lines(m: Measured) -> list[str]:
+    """Every term of one plan, predicted against compiled."""
+    lines = []
+    for name, (p, c) in m.terms.items():
+        if name == "memory bytes":
+            lines.append(f"      {name:32} {p / 2**20:9.2f} {c / 2**20:9.2f} MiB")
+        elif c is None:
+            lines.append(f"      {name:32} {p * 1e3:9.4f} {'':>9} ms")
+        else:
+            lines.append(f"      {name:32} {p * 1e3:9.4f} {c * 1e3:9.4f} ms  "
+                         f"{(p - c) * 1e3:+.4f}")
+    return lines
 
 
 def measure(program: str, case, mesh_name: str, num_random: int) -> list[Measured]:
@@ -153,11 +168,12 @@ def summarize(rows: list[Measured], worst: int) -> None:
                               [m.compiled_s for m in group]).statistic if len(group) > 2 else 1.0
         print(f"{program:10} {mesh:4} {len(group):5} {np.median(errors) * 100:7.1f}% "
               f"{errors.max() * 100:7.1f}% {rho:9.3f}")
-    print("\nworst offenders: the term furthest off")
+    print("\nworst offenders: the term furthest off, then every term (predicted, compiled)")
     for (program, mesh), group in groups.items():
         for m in sorted(group, key=lambda m: -abs(m.error))[:worst]:
             print(f"{program:10} {mesh:4} {m.layout:16} {m.error * 100:+7.1f}%  "
                   f"{furthest_term(m)}")
+            print("\n".join(term_lines(m)))
 
 
 def main(argv=None) -> int:

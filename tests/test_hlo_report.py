@@ -212,6 +212,17 @@ def test_cpu_all_reduce_then_dynamic_slice_reads_as_reduce_scatter(mesh8):
     assert rs.seconds == pytest.approx(LATENCY + 7 / 8 * 131072 / 1e10)
 
 
+def test_combined_all_reduce_reads_its_sliced_results_as_reduce_scatter(mesh8):
+    # XLA:CPU's combiner merges an emulated reduce-scatter (element 0, kept as a 1/8
+    # slice) with a true all-reduce (element 1, read whole): one op, one latency
+    ar, rs = _snippet("cpu_combined_reduce_scatter.hlo", mesh8).collectives
+    assert (ar.kind, ar.num_bytes, rs.kind, rs.num_bytes) == (
+        "all-reduce", 16 * 128 * F32, "reduce-scatter", 64 * 512 * F32)
+    assert ar.seconds + rs.seconds == pytest.approx(
+        all_reduce_seconds(16 * 128 * F32, 8, 1e10, LATENCY)
+        + reduce_scatter_seconds(64 * 512 * F32, 8, 1e10, LATENCY) - LATENCY)
+
+
 def test_all_reduce_with_other_uses_or_wrong_slice_stays_all_reduce(mesh8):
     report = _snippet("cpu_all_reduce_not_sliced.hlo", mesh8)
     # all-reduce also returned whole; all-reduce.1 sliced to 1/2, not 1/8

@@ -98,6 +98,9 @@ def test_breakdown_adds_up_to_the_plan_cost(plan):
     np.testing.assert_allclose(compute, plan.cost.compute_s, rtol=1e-9)
     np.testing.assert_allclose(comm, plan.cost.comm_s, rtol=1e-9, atol=1e-15)
     np.testing.assert_allclose(reshard, plan.cost.reshard_s, rtol=1e-9, atol=1e-15)
+    for item in items:   # split by the collectives that reshard
+        np.testing.assert_allclose(sum(item.reshard_s_by_kind.values()), item.reshard_s,
+                                   rtol=1e-9, atol=1e-15)
     rows = viz.breakdown(plan).rows()
     np.testing.assert_allclose(sum(r["total_s"] for r in rows), plan.cost.total_s, rtol=1e-9)
 
