@@ -37,11 +37,16 @@ def test_gather_to_whole():
     assert moves((("a",), ()), ((), ())) == [("all-gather", ("a",), 65536, 4.2768e-6)]
 
 
-def test_gather_over_two_axes_runs_at_the_slower_link():
-    # P(a, b) -> whole: one all-gather over 8 devices at min(1e10, 4e10):
-    # 1e-6 + 7/8 * 65536 / 1e10 = 6.7344 µs
+def test_gathers_off_two_dims_run_one_per_dim_last_dim_first():
+    # P(a, b) -> whole: XLA gathers one dim at a time, the last first, each along the
+    # major dim of its buffer. b off dim 1: the 8192-byte shard is copied so dim 1 is
+    # major (read and write: 2 * 8192 / 1e11 = 0.16384 µs), then gathered over b's 4
+    # devices to 32768 bytes: 1e-6 + 3/4 * 32768 / 4e10 + 0.16384 µs = 1.77824 µs.
+    # a off dim 0: copied back so dim 0 is major (2 * 32768 / 1e11 = 0.65536 µs), then
+    # gathered over a's 2 to 65536 bytes: 1e-6 + 1/2 * 65536 / 1e10 + 0.65536 µs
+    # = 4.93216 µs
     assert moves((("a",), ("b",)), ((), ())) == [
-        ("all-gather", ("a", "b"), 65536, 6.7344e-6)]
+        ("all-gather", ("b",), 32768, 1.77824e-6), ("all-gather", ("a",), 65536, 4.93216e-6)]
 
 
 def test_gather_one_axis_of_two():
