@@ -261,15 +261,12 @@ def pin_donated_arguments(graph, pinned: dict[int, specs.Spec],
                           donated: Sequence[tuple[int, int]]) -> dict[int, specs.Spec]:
     """A donated argument and the output written into its buffer keep one spec, so a pin
     on either holds for both: the argument takes its output's pin (even where it is too
-    small to be split on its own), and the output its argument's. Pins that differ on such
-    a pair raise ``PinError``."""
+    small to be split on its own). Pins that differ on such a pair raise ``PinError``."""
     pinned = dict(pinned)
     for k, arg_node in donated:
         out_node = graph.output_nodes[k]
         out_pin, arg_pin = pinned.get(out_node), pinned.get(arg_node)
         if out_pin is None:
-            if arg_pin is not None:
-                pinned[out_node] = arg_pin
             continue
         if arg_pin is not None and arg_pin != out_pin:
             arg_path = graph.arg_paths[graph.arg_nodes.index(arg_node)]
