@@ -199,7 +199,12 @@ ACTIVATION_HEADS = "activation_heads"
 ACTIVATION_KV = "activation_kv"
 ACTIVATION_MLP = "activation_mlp"
 ACTIVATION_VOCAB = "activation_vocab"
-ACTIVATION_EXPERT = "activation_exp"
+
+# the logical axes of a transformer's activations, as its code names them
+RESIDUAL_AXES = (ACTIVATION_BATCH, ACTIVATION_LENGTH, ACTIVATION_EMBED)   # [b, s, d_model]
+HEAD_AXES = (ACTIVATION_BATCH, ACTIVATION_LENGTH, ACTIVATION_HEADS, ACTIVATION_KV)
+MLP_AXES = (ACTIVATION_BATCH, ACTIVATION_LENGTH, ACTIVATION_MLP)          # [b, s, d_ff]
+VOCAB_AXES = (ACTIVATION_BATCH, ACTIVATION_LENGTH, ACTIVATION_VOCAB)      # logits
 
 LogicalRules = dict[str, "str | tuple[str, ...] | None"]
 """Logical activation axis name -> mesh axis, role, tuple of them, or None (whole)."""
@@ -248,7 +253,8 @@ def constraints(mesh: Mesh, activations: LogicalRules | None = None,
 
 def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
     """``x`` constrained to the active rules' layout of its logical axes (one name per
-    dim); ``x`` itself outside ``constraints``, or when the rules split nothing of it."""
+    dim; a name the rules do not map stays whole, as with MaxText's rules); ``x`` itself
+    outside ``constraints``."""
     active = _active.get()
     if active is None:
         return x
@@ -291,17 +297,13 @@ class Expert:
     def __call__(self, mesh: Mesh) -> Any:
         return self.in_shardings(mesh)
 
-    def tracing(self, mesh: Mesh):
-        """The context to trace the step in: this expert's constraints for ``mesh``."""
-        return constraints(mesh, self.activations, self.gradients)
-
     def wrap(self, fn: Callable, mesh: Mesh) -> Callable:
-        """``fn`` traced under this expert's constraints."""
+        """``fn`` traced under this expert's constraints for ``mesh``."""
         if self.activations is None and self.gradients is None:
             return fn
 
         def constrained(*args, **kwargs):
-            with self.tracing(mesh):
+            with constraints(mesh, self.activations, self.gradients):
                 return fn(*args, **kwargs)
 
         return constrained

@@ -26,8 +26,8 @@ from flax import nnx
 from autoshard import experts as ex
 from autoshard.models import common
 from autoshard.models.case import TrainCase
-from autoshard.models.transformer import (LOGICAL_RULES, RESIDUAL, Block, normal_init, norm,
-                                          tp_rules, transformer_fan_in)
+from autoshard.models.transformer import (LOGICAL_RULES, Block, normal_init, norm, tp_rules,
+                                          transformer_fan_in)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +114,7 @@ class GPT(nnx.Module):
     def __call__(self, tokens: jax.Array):
         cfg = self.cfg
         x = self.embed(tokens) + self.pos_embed[: tokens.shape[1]].astype(cfg.compute_dtype)
-        x = ex.constrain(x, RESIDUAL)
+        x = ex.constrain(x, ex.RESIDUAL_AXES)
         mask = nnx.make_causal_mask(tokens)
         if cfg.scan_layers:
             graphdef, stacked = nnx.split(self.blocks)
@@ -132,7 +132,7 @@ class GPT(nnx.Module):
                 aux = aux + layer_aux
         h = self.ln_f(x).astype(cfg.compute_dtype)
         logits = self.embed.attend(h) if cfg.tie_embeddings else self.head(h)
-        logits = ex.constrain(logits, RESIDUAL[:-1] + (ex.ACTIVATION_VOCAB,))
+        logits = ex.constrain(logits, ex.VOCAB_AXES)
         return logits, aux / cfg.layers
 
 

@@ -22,9 +22,6 @@ LOGICAL_RULES = (("vocab", MODEL), ("heads", MODEL), ("mlp", MODEL), ("expert", 
                  ("embed", None), ("kv", None), ("layers", None))
 """Megatron's layout, by logical name: heads, MLP width and vocabulary on the model axis."""
 
-RESIDUAL = (ex.ACTIVATION_BATCH, ex.ACTIVATION_LENGTH, ex.ACTIVATION_EMBED)
-"""Logical axes of the residual stream ``[batch, seq, d_model]`` (see ``experts.constrain``)."""
-
 
 def normal_init(names: tuple | None, std: float | None = None) -> Callable:
     """A normal initializer (std ``1/sqrt(fan_in)`` unless given), annotated with ``names``.
@@ -72,7 +69,7 @@ class MLP(nnx.Module):
                               bias_init=zeros_init(_names(annotate, "embed")))
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        hidden = ex.constrain(self.fc1(x), RESIDUAL[:-1] + (ex.ACTIVATION_MLP,))
+        hidden = ex.constrain(self.fc1(x), ex.MLP_AXES)
         return self.fc2(jax.nn.gelu(hidden))
 
 
@@ -100,10 +97,10 @@ class Block(nnx.Module):
     def __call__(self, x: jax.Array, mask: jax.Array | None = None):
         """Returns ``(x, aux_loss)``: the MLP's auxiliary loss, 0 for a dense MLP."""
         h = self.ln1(x).astype(x.dtype)
-        x = ex.constrain(x + self.attn(h, mask=mask).astype(x.dtype), RESIDUAL)
+        x = ex.constrain(x + self.attn(h, mask=mask).astype(x.dtype), ex.RESIDUAL_AXES)
         out = self.mlp(self.ln2(x).astype(x.dtype))
         out, aux = out if isinstance(out, tuple) else (out, jnp.zeros((), jnp.float32))
-        return ex.constrain(x + out.astype(x.dtype), RESIDUAL), aux
+        return ex.constrain(x + out.astype(x.dtype), ex.RESIDUAL_AXES), aux
 
 
 def transformer_fan_in(path: str, shape: tuple) -> int:

@@ -57,19 +57,13 @@ def layer_norm(p, x, eps=1e-5):
 
 def attention(p, x, heads):
     b, s, d = x.shape
-    q, k, v = (ex.constrain(jnp.reshape(x @ p[n], (b, s, heads, d // heads)), HEADS)
+    q, k, v = (ex.constrain(jnp.reshape(x @ p[n], (b, s, heads, d // heads)), ex.HEAD_AXES)
                for n in ("wq", "wk", "wv"))
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d // heads)
     mask = jnp.tril(jnp.ones((s, s), bool))
     weights = jax.nn.softmax(jnp.where(mask, scores, -1e9), axis=-1)
     out = jnp.einsum("bhqk,bkhd->bqhd", weights, v).reshape(b, s, d)
     return out @ p["wo"]
-
-
-RESIDUAL = (ex.ACTIVATION_BATCH, ex.ACTIVATION_LENGTH, ex.ACTIVATION_EMBED)
-HEADS = (ex.ACTIVATION_BATCH, ex.ACTIVATION_LENGTH, ex.ACTIVATION_HEADS, ex.ACTIVATION_KV)
-"""Logical axes of activations, as MaxText-style code names them (``experts.constrain``;
-no-ops unless an expert layout is active)."""
 
 
 def make_train_step(loss_fn: Callable) -> Callable:
@@ -193,20 +187,19 @@ def moe_mlp(p, x, cfg: LMConfig):
 def lm_loss(cfg: LMConfig):
     def loss_fn(params, batch):
         tokens = batch["tokens"]
-        x = ex.constrain(params["embed"][tokens] + params["pos"][None], RESIDUAL)
+        x = ex.constrain(params["embed"][tokens] + params["pos"][None], ex.RESIDUAL_AXES)
         aux = 0.0
         for p in params["blocks"]:
-            x = ex.constrain(x + attention(p, layer_norm(p["ln1"], x), cfg.heads), RESIDUAL)
+            x = ex.constrain(x + attention(p, layer_norm(p["ln1"], x), cfg.heads), ex.RESIDUAL_AXES)
             h = layer_norm(p["ln2"], x)
             if cfg.experts:
                 y, balance = moe_mlp(p, h, cfg)
                 aux = aux + balance
             else:
-                hidden = ex.constrain(h @ p["w1"] + p["b1"], RESIDUAL[:-1] + (ex.ACTIVATION_MLP,))
+                hidden = ex.constrain(h @ p["w1"] + p["b1"], ex.MLP_AXES)
                 y = jax.nn.gelu(hidden) @ p["w2"] + p["b2"]
-            x = ex.constrain(x + y, RESIDUAL)
-        logits = ex.constrain(layer_norm(params["ln_f"], x) @ params["head"],
-                              RESIDUAL[:-1] + (ex.ACTIVATION_VOCAB,))
+            x = ex.constrain(x + y, ex.RESIDUAL_AXES)
+        logits = ex.constrain(layer_norm(params["ln_f"], x) @ params["head"], ex.VOCAB_AXES)
         return cross_entropy(logits, batch["labels"]) + 0.01 * aux
     return loss_fn
 
