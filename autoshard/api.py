@@ -22,7 +22,7 @@ from autoshard.coarsen import coarsen
 from autoshard.cost import (TIEBREAK_SECONDS_PER_BYTE, CostGraph, build_cost_graph,
                             operand_reshard_seconds)
 from autoshard.errors import MemoryBudgetError, PinError
-from autoshard.hardware import Hardware, default_hardware
+from autoshard.hardware import Backend, Hardware, default_hardware
 from autoshard.mesh import as_auto_mesh
 from autoshard.plan import ArgumentInfo, Plan, PlanCost, PlannedProgram, program_fingerprint
 from autoshard.pipeline import constraint_pins
@@ -110,28 +110,6 @@ def pin_spec(path, pspec, shape, sizes) -> specs.Spec:
     if not specs.is_valid(shape, spec, sizes):
         raise PinError(f"pin {path!r}: {pspec} does not divide shape {shape} on mesh {sizes}")
     return spec
-
-
-# Collective kinds each backend's XLA combines when they are independent of each other.
-COMBINED_COLLECTIVES = {"cpu": ("all-reduce",),
-                        "gpu": ("all-reduce", "all-gather", "reduce-scatter"),
-                        "tpu": ("all-reduce", "all-gather", "reduce-scatter")}
-
-
-def combined_collectives(mesh: Mesh) -> tuple[str, ...]:
-    platform = mesh.devices.flat[0].platform
-    return COMBINED_COLLECTIVES.get("gpu" if platform in ("cuda", "rocm") else platform, ())
-
-
-def reduction_itemsize(mesh: Mesh) -> int:
-    """Bytes per element the backend's all-reduces run narrower floats at: CPU XLA
-    reduces bf16 and f16 in f32, doubling their collective bytes; others keep the dtype."""
-    return 4 if mesh.devices.flat[0].platform == "cpu" else 0
-
-
-def native_reduce_scatter(mesh: Mesh) -> bool:
-    """Whether XLA forms reduce-scatter on this backend; CPU all-reduces and keeps a slice."""
-    return mesh.devices.flat[0].platform != "cpu"
 
 
 def build_request(cg: CostGraph, memory_budget, time_limit_s) -> Request:
@@ -404,15 +382,16 @@ def solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s,
         pinned.update(constraint_pins(graph, active_pipeline().axis))
     donated = donated_pairs(graph, tuple(donate_argnums))
     pinned = pin_donated_arguments(graph, pinned, donated)
-    space = build_strategies(graph, sizes, hw, pinned, combined_collectives(mesh),
-                             reduction_itemsize(mesh))
+    backend = Backend.of(mesh)
+    space = build_strategies(graph, sizes, hw, pinned, backend.combined,
+                             backend.reduction_itemsize)
     # copies several readers share are first held once per reader, a smaller problem;
     # held once each when the budget binds (their memory then lives from the first reader
     # that may make it, so neither pricing bounds the other)
     bounded = None   # the group choice with per-read copies
     for share in (False, True):
         show.stage(f"pricing {space.num_strategies()} strategies")
-        cg = build_cost_graph(space, donated, native_reduce_scatter(mesh), share)
+        cg = build_cost_graph(space, donated, backend.native_reduce_scatter, share)
         request = build_request(cg, budget, time_limit_s)
         costed = time.perf_counter()
         floor = memory_floor(request)

@@ -159,6 +159,38 @@ def default_hardware(mesh=None) -> Hardware:
     return dataclasses.replace(hw, link_bandwidth=links, memory=_reported_memory(device, hw))
 
 
+# Collective kinds each backend's XLA combines when they are independent of each other.
+COMBINED_COLLECTIVES = {"cpu": ("all-reduce",),
+                        "gpu": ("all-reduce", "all-gather", "reduce-scatter"),
+                        "tpu": ("all-reduce", "all-gather", "reduce-scatter")}
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """What the backend's XLA does to a partitioned program that its price depends on,
+    beside the device's speeds (:class:`Hardware`).
+
+    ``combined``: the collective kinds XLA combines when they are independent of each
+    other. ``reduction_itemsize``: the bytes per element its all-reduces run narrower
+    floats at (CPU XLA reduces bf16 and f16 in f32, doubling their bytes; 0: the dtype's
+    own). ``native_reduce_scatter``: whether XLA forms reduce-scatter (CPU all-reduces
+    and keeps a slice)."""
+
+    platform: str
+    combined: tuple[str, ...]
+    reduction_itemsize: int
+    native_reduce_scatter: bool
+
+    @classmethod
+    def of(cls, mesh) -> "Backend":
+        """The backend ``mesh``'s devices run on."""
+        platform = mesh.devices.flat[0].platform
+        family = "gpu" if platform in ("cuda", "rocm") else platform
+        return cls(platform=family, combined=COMBINED_COLLECTIVES.get(family, ()),
+                   reduction_itemsize=4 if family == "cpu" else 0,
+                   native_reduce_scatter=family != "cpu")
+
+
 def _reported_memory(device, hw: Hardware) -> float:
     try:
         stats = device.memory_stats() or {}

@@ -24,6 +24,7 @@ from autoshard.accumulate import Microbatching, microbatching
 from autoshard.bounds import memory_floor, tiebreak_ceiling
 from autoshard.coarsen import coarsen
 from autoshard.cost import build_cost_graph
+from autoshard.hardware import Backend
 from autoshard.units import axis_sizes
 from autoshard.solve import (CannotBeat, InfeasibleBudget, LiveRows, Request, peak_memory,
                              smallest_memory_choice, solve)
@@ -63,10 +64,10 @@ def requests(program: str, setting: str):
     with microbatching(SETTINGS[setting]):
         graph = build_graph(trace_program(case.train_step, *case.abstract_args()))
     space = build_strategies(graph, axis_sizes(mesh), autoshard.H100, {},
-                             api.combined_collectives(mesh))
+                             Backend.of(mesh).combined)
     out = []
     for share in (False, True):
-        cg = build_cost_graph(space, (), api.native_reduce_scatter(mesh), share)
+        cg = build_cost_graph(space, (), Backend.of(mesh).native_reduce_scatter, share)
         request = api.build_request(cg, None, 30.0)
         out.append((request, coarsen(cg, request).request))
     return out

@@ -22,6 +22,7 @@ import autoshard
 from autoshard import api, models, specs
 from autoshard.coarsen import coarsen, drop_dominated
 from autoshard.cost import build_cost_graph
+from autoshard.hardware import Backend
 from autoshard.units import axis_sizes
 from autoshard.models.case import TrainCase
 from autoshard.solve import evaluate, solve
@@ -146,8 +147,8 @@ def solved(name):
     case, mesh = case_of(name), mesh_of(CASES[name][1])
     graph = build_graph(trace_program(case.train_step, *case.abstract_args()))
     space = build_strategies(graph, axis_sizes(mesh), autoshard.H100, {},
-                             api.combined_collectives(mesh))
-    cg = build_cost_graph(space, (), api.native_reduce_scatter(mesh), False)   # as plan() first
+                             Backend.of(mesh).combined)
+    cg = build_cost_graph(space, (), Backend.of(mesh).native_reduce_scatter, False)   # as plan() first
     request = api.build_request(cg, autoshard.H100.memory, 60.0)
     coarse = coarsen(cg, request)
     return request, coarse, solve(coarse.request)
