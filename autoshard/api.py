@@ -19,15 +19,15 @@ from autoshard.bounds import memory_floor, tiebreak_ceiling
 from autoshard.breakdown import cost_breakdown, memory_parts
 from autoshard.cache import PLANS, cache_dir, plan_key
 from autoshard.coarsen import coarsen
-from autoshard.cost import (TIEBREAK_SECONDS_PER_BYTE, CostGraph, build_cost_graph,
-                            operand_reshard_seconds)
+from autoshard.cost import CostGraph, build_cost_graph, operand_reshard_seconds
 from autoshard.errors import MemoryBudgetError, PinError
 from autoshard.hardware import Backend, Hardware, default_hardware
 from autoshard.mesh import as_auto_mesh
 from autoshard.plan import ArgumentInfo, Plan, PlanCost, PlannedProgram, program_fingerprint
 from autoshard.pipeline import constraint_pins
 from autoshard.progress import PlanProgress
-from autoshard.solve import InfeasibleBudget, Request, evaluate, shared_edge_marks, solve
+from autoshard.solve import (Evaluation, InfeasibleBudget, Request, Touching, evaluate, evaluation,
+                             group_seconds, solve)
 from autoshard.strategies import build_strategies
 from autoshard.trace import build_graph, hold_static_leaves, trace_program
 from autoshard.units import axis_sizes
@@ -118,23 +118,19 @@ def build_request(cg: CostGraph, memory_budget, time_limit_s) -> Request:
                    ties=[(t.u, t.v, t.keys_u, t.keys_v) for t in cg.ties],
                    memory_terms=[(t.group, t.num_bytes) for t in cg.memory_terms],
                    edge_memory_terms=[(t.src, t.dst, t.num_bytes) for t in cg.edge_memory_terms],
-                   shared_edge_costs=[(s.seconds, s.members)
-                                      for s in cg.shared_reshards + cg.chained_latencies],
+                   shared_edge_costs=[(s.seconds, s.members) for s in cg.shared_edge_costs],
                    shared_memory_terms=cg.shared_copy_terms,
                    fixed_terms=cg.fixed_terms, memory_rows=cg.memory_rows,
-                   memory_budget=memory_budget, time_limit_s=time_limit_s)
+                   memory_budget=memory_budget, time_limit_s=time_limit_s,
+                   seconds_parts=cg.seconds_parts)
 
 
 def local_costs(request: Request, choice) -> list[np.ndarray]:
-    """Per group: the plan's cost as a function of that group's strategy alone."""
-    totals = [np.asarray(c, float).copy() for c in request.node_costs]
-    for u, v, m in request.edges:
-        totals[u] += m[:, choice[v]]
-        totals[v] += m[choice[u], :]
-    for seconds, members in request.shared_edge_costs:   # paid if any member is marked
-        for g in dict.fromkeys(x for u, v, _ in members for x in (u, v)):
-            totals[g] += seconds * shared_edge_marks(members, choice, g, len(totals[g]))
-    return totals
+    """Per group: the plan's seconds as a function of that group's strategy alone, the
+    others held at ``choice`` (the solver's ``group_seconds``: ``evaluation`` of the moved
+    choice, less the part no move of the group changes)."""
+    touching = Touching.of(request)
+    return [group_seconds(request, choice, g, touching) for g in range(len(request.node_costs))]
 
 
 def decisions_from(cg: CostGraph, chosen) -> dict[tuple, Decision]:
@@ -165,21 +161,11 @@ def decisions_from(cg: CostGraph, chosen) -> dict[tuple, Decision]:
     return decisions
 
 
-def plan_cost(cg: CostGraph, choice, chosen, reshards, peak_bytes: float) -> PlanCost:
-    """The plan's cost from a strategy per node (``chosen``) and the seconds resharding
-    each node's operands (``reshards``, from ``cost.operand_reshard_seconds``)."""
-    compute = comm = reshard = 0.0
-    for s, seconds in zip(chosen, reshards):
-        compute += s.compute_s
-        comm += s.comm_s
-        for x in seconds:
-            reshard += x
-    comm += sum(c.seconds for c in cg.shared_costs
-                if any(choice[g] == s for g, s in c.members))
-    comm += sum(c.seconds for c in cg.chained_latencies
-                if any(paid[choice[u], choice[v]] for u, v, paid in c.members))
-    return PlanCost(compute_s=compute, comm_s=comm + reshard, memory_bytes=peak_bytes,
-                    reshard_s=reshard)
+def plan_cost(found: Evaluation) -> PlanCost:
+    """The plan's cost, read from the ``evaluation`` of its choice (the byte tiebreak,
+    no time, aside)."""
+    return PlanCost(compute_s=found.compute_s, comm_s=found.comm_s,
+                    memory_bytes=found.peak_bytes, reshard_s=found.reshard_s)
 
 
 def argument_infos(cg: CostGraph, request: Request, choice) -> list[ArgumentInfo]:
@@ -430,6 +416,7 @@ def solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s,
         if peak <= budget and seconds < evaluate(request, choice)[0]:
             choice = bounded
             result = dataclasses.replace(result, objective=seconds, memory_bytes=peak)
+    found = evaluation(request, choice)
     chosen = cg.node_strategies(choice)
     reshards = operand_reshard_seconds(cg, chosen)
     out_specs = []
@@ -440,15 +427,15 @@ def solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s,
             out_specs.append(chosen[node_id].out_specs[0])
     plan_ = Plan(mesh=mesh, hardware=hw, arguments=argument_infos(cg, request, choice),
                  out_specs=out_specs, decisions=decisions_from(cg, chosen),
-                 cost=plan_cost(cg, choice, chosen, reshards, result.memory_bytes),
+                 cost=plan_cost(found),
                  fingerprint=fingerprint, memory_budget=budget,
                  donate_argnums=tuple(donate_argnums),
                  program=PlannedProgram(graph.closed_jaxpr, graph.in_tree, graph.out_tree),
-                 breakdown=cost_breakdown(cg, chosen, reshards),
-                 memory_parts=memory_parts(cg, choice, result.memory_bytes))
+                 breakdown=cost_breakdown(cg, chosen, reshards, found.latency_s),
+                 memory_parts=memory_parts(cg, choice, found.peak_bytes))
     plan_.solver.update({
         "status": result.status, "objective_s": result.objective,
-        "tiebreak_s": tiebreak_seconds(request, choice),
+        "tiebreak_s": found.tiebreak_s,
         "lower_bound_s": result.lower_bound, "groups": cg.num_groups,
         "solved_groups": coarse.num_classes, "nodes": len(graph.nodes),
         "edges": len(cg.edges), "trace_s": traced - started, "cost_s": costed - traced,
@@ -471,7 +458,7 @@ def tiebreak_seconds(request: Request, choice) -> float:
     """The part of the solver's objective that is no time: a price per byte held, which
     breaks ties between plans of equal time (``cost.TIEBREAK_SECONDS_PER_BYTE``). The
     objective is the plan's ``cost.total_s`` plus this."""
-    return TIEBREAK_SECONDS_PER_BYTE * sum(float(b[choice[g]]) for g, b in request.memory_terms)
+    return evaluation(request, choice).tiebreak_s
 
 
 def abstract_signature(args) -> tuple:

@@ -168,11 +168,16 @@ def node_layers(cg: CostGraph) -> list[str]:
 
 # -- the breakdown ------------------------------------------------------------------------------
 
-def cost_breakdown(cg: CostGraph, chosen: Sequence,
-                   reshards: Sequence[Sequence[float]]) -> tuple[CostItem, ...]:
+LATENCY_LABEL = "(combined collectives)"
+
+
+def cost_breakdown(cg: CostGraph, chosen: Sequence, reshards: Sequence[Sequence[float]],
+                   latency_s: float = 0.0) -> tuple[CostItem, ...]:
     """One CostItem per (group, layer) with any cost under ``chosen`` (a strategy per node,
     ``CostGraph.node_strategies``); ``reshards`` holds the seconds resharding each node's
-    operands take (``cost.operand_reshard_seconds``).
+    operands take (``cost.operand_reshard_seconds``). The latencies of combined
+    collectives, paid once for many nodes (``Evaluation.latency_s``), are one item of
+    their own.
 
     The items add up to the plan's cost: compute to ``PlanCost.compute_s``, collectives
     plus resharding to ``PlanCost.comm_s``, resharding alone to ``PlanCost.reshard_s``.
@@ -210,6 +215,8 @@ def cost_breakdown(cg: CostGraph, chosen: Sequence,
         if e["compute_s"] or e["comm"] or e["reshard_s"]:
             items.append(CostItem(label, e["primitive"], e["compute_s"], e["comm"],
                                   e["reshard_s"], e["weight"], e["reshards"]))
+    if latency_s:
+        items.append(CostItem(LATENCY_LABEL, "latency", 0.0, {"latency": latency_s}, 0.0))
     return tuple(items)
 
 

@@ -212,7 +212,7 @@ def quotient(request: Request, class_of: np.ndarray) -> Request:
         shared_costs=[(seconds, members) for members, seconds in shared.items()],
         shared_edge_costs=shared_edges,
         shared_memory_terms=[(entry_of[k], b) for k, b in request.shared_memory_terms],
-        ties=_unique_ties(ties))
+        ties=_unique_ties(ties), seconds_parts=None)
 
 
 def _merged(shared_edges):

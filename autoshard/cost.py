@@ -24,7 +24,7 @@ import numpy as np
 from autoshard import hardware as hwlib
 from autoshard import specs
 from autoshard.hardware import Hardware
-from autoshard.solve import LiveRows
+from autoshard.solve import LiveRows, SecondsParts
 from autoshard.specs import Spec
 from autoshard.strategies import (Collective, StrategySpace, expensive, loop_scope,
                                   reduction_waves, spreads, trailing_ancestors,
@@ -189,10 +189,19 @@ class CostGraph:
     # one more latency for trailing collectives that depend on like ones, paid as shared
     # reshards are (``_Builder.build_chained_latencies``)
     chained_latencies: tuple[SharedReshard, ...] = ()
+    # node_costs split into compute, collectives and resharding inside groups (the
+    # memory tiebreak, ``TIEBREAK_SECONDS_PER_BYTE`` per byte of memory_terms, aside)
+    seconds_parts: SecondsParts | None = None
 
     @property
     def num_groups(self) -> int:
         return len(self.groups)
+
+    @property
+    def shared_edge_costs(self) -> tuple[SharedReshard, ...]:
+        """Costs paid once if any member pair of choices is marked: the shared copies,
+        then the chained latencies (``seconds_parts.latency_edges`` tells them apart)."""
+        return self.shared_reshards + self.chained_latencies
 
     def node_strategy(self, node_id: int, group_choice: Sequence[int]):
         g = self.group_of_node[node_id]
@@ -268,6 +277,8 @@ class _Menu:
     Nodes with the same strategies and the same picks (a repeated layer's) share one.
     Lists of specs are numbered (``_Builder.spec_list``): caches key them by number."""
     seconds: np.ndarray
+    compute: np.ndarray          # the part of ``seconds`` spent computing
+    comm: np.ndarray             # the part spent in collectives
     in_lists: tuple[int, ...]    # per operand
     out_lists: tuple[int, ...]   # per result
 
@@ -401,6 +412,8 @@ class _Builder:
             node = self.graph.nodes[node_id]
             found = self._menus[key] = _Menu(
                 np.array([s.seconds for s in strategies])[picks],
+                np.array([s.compute_s for s in strategies])[picks],
+                np.array([s.comm_s for s in strategies])[picks],
                 tuple(self.spec_lists.number(tuple(s.in_specs[i] for s in chosen))
                       for i in range(len(node.operands))),
                 tuple(self.spec_lists.number(tuple(s.out_specs[k] for s in chosen))
@@ -495,9 +508,17 @@ class _Builder:
         return len(self.choice[self.groups[g][0]])
 
     def build_costs(self):
+        """Per group its seconds, and their ``SecondsParts``; the edges between groups;
+        the shared reshards; the reads whose copies those are."""
         node_costs = [np.zeros(self.group_size(g)) for g in range(len(self.groups))]
+        compute = [np.zeros(len(c)) for c in node_costs]
+        collectives = [np.zeros(len(c)) for c in node_costs]
+        reshard = [np.zeros(len(c)) for c in node_costs]
         for node in self.graph.nodes:
-            node_costs[self.group_of_node[node.id]] += self.menus[node.id].seconds
+            g, menu = self.group_of_node[node.id], self.menus[node.id]
+            node_costs[g] += menu.seconds
+            compute[g] += menu.compute
+            collectives[g] += menu.comm
         edges: dict[tuple[int, int], np.ndarray] = {}
         shared, self.paid_once, self.shared_copies_held = self.build_shared_reshards()
         paid_once = self.paid_once
@@ -511,7 +532,9 @@ class _Builder:
                 matrix, diagonal = self.edge_matrix(value, node, i)
                 weight = node.operand_weights[i]   # mostly 1.0, and x * 1.0 is x
                 if gu == gv:
-                    node_costs[gu] += diagonal if weight == 1.0 else diagonal * weight
+                    moved = diagonal if weight == 1.0 else diagonal * weight
+                    node_costs[gu] += moved
+                    reshard[gu] += moved
                     continue
                 if (node.id, i) in paid_once:   # those specs are priced by shared reshards
                     matrix = np.where(paid_once[(node.id, i)][1][None, :], 0.0, matrix)
@@ -520,7 +543,8 @@ class _Builder:
                     edges[(gv, gu)] += matrix.T
                 else:
                     edges[(gu, gv)] = edges.get((gu, gv), 0) + matrix
-        return (node_costs, [Edge(u, v, m) for (u, v), m in edges.items()], shared,
+        return (node_costs, (tuple(compute), tuple(collectives), tuple(reshard)),
+                [Edge(u, v, m) for (u, v), m in edges.items()], shared,
                 {read: key for read, (key, paid, _) in paid_once.items() if paid.any()})
 
     def build_shared_reshards(self) -> tuple[tuple[SharedReshard, ...], dict, list]:
@@ -1025,16 +1049,21 @@ def build_cost_graph(space: StrategySpace, donated: Sequence[tuple[int, int]] = 
     ``_Builder.shared_copies``): a smaller problem."""
     builder = _Builder(space, donated, native_reduce_scatter, share_held_copies)
     builder.build_groups()
-    node_costs, edges, shared_reshards, sharing = builder.build_costs()
+    node_costs, node_parts, edges, shared_reshards, sharing = builder.build_costs()
     terms, fixed, rows, edge_terms, shared_terms = builder.build_memory()
     for term in terms:
         node_costs[term.group] = node_costs[term.group] + TIEBREAK_SECONDS_PER_BYTE * term.num_bytes
+    chained = builder.build_chained_latencies()
+    parts = SecondsParts(*node_parts, latency_edges=(False,) * len(shared_reshards)
+                         + (True,) * len(chained),
+                         tiebreak_seconds_per_byte=TIEBREAK_SECONDS_PER_BYTE)
     return CostGraph(space=space, group_of_node=tuple(builder.group_of_node),
                      groups=tuple(tuple(g) for g in builder.groups),
                      choice=tuple(builder.choice), node_costs=tuple(node_costs),
+                     seconds_parts=parts,
                      edges=tuple(edges), memory_terms=terms, fixed_terms=fixed,
                      memory_rows=rows, shared_costs=builder.build_shared_costs(),
                      ties=builder.donation_ties(), edge_memory_terms=edge_terms,
                      shared_reshards=shared_reshards, shared_reads=sharing,
                      shared_copy_terms=shared_terms, held_per_read=builder.held_per_read,
-                     chained_latencies=builder.build_chained_latencies())
+                     chained_latencies=chained)

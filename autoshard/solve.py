@@ -78,6 +78,21 @@ class LiveRows(Sequence):
 
 
 @dataclasses.dataclass(frozen=True)
+class SecondsParts:
+    """What a request's seconds are made of. Per group g, ``node_costs[g]`` is
+    ``compute[g] + collectives[g] + reshard[g]`` (resharding inside the group) plus
+    ``tiebreak_seconds_per_byte`` times the bytes of g's memory terms; edges are
+    resharding between groups; shared costs are latencies of combined collectives; shared
+    edge costs are resharded copies several readers share, or latencies where
+    ``latency_edges`` marks them."""
+    compute: Sequence[np.ndarray]
+    collectives: Sequence[np.ndarray]
+    reshard: Sequence[np.ndarray]
+    latency_edges: Sequence[bool] = ()      # per shared edge cost
+    tiebreak_seconds_per_byte: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
 class Request:
     node_costs: Sequence[np.ndarray]                      # per group, seconds per strategy
     edges: Sequence[tuple[int, int, np.ndarray]]          # (group u, group v, cost[su, sv])
@@ -105,6 +120,9 @@ class Request:
     # seconds a caller already has a plan for: where no choice regardless of memory is
     # cheaper, solving under the budget is skipped (``CannotBeat``)
     seconds_to_beat: float | None = None
+    # node_costs and shared edge costs told apart (``Evaluation``); per group, so a
+    # request over other groups (``coarsen.quotient``) drops them
+    seconds_parts: SecondsParts | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,20 +152,73 @@ class InfeasibleBudget(Exception):
         self.smallest_bytes = smallest_bytes
 
 
-def evaluate(request: Request, choice: Sequence[int]) -> tuple[float, float]:
-    """(seconds, peak bytes per device) of ``choice``, recomputed from the request."""
-    seconds = sum(float(c[choice[g]]) for g, c in enumerate(request.node_costs))
-    seconds += sum(float(m[choice[u], choice[v]]) for u, v, m in request.edges)
-    seconds += shared_seconds(request, choice)
-    return seconds, peak_memory(request, choice)
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+    """The cost of one choice of a request, every part of it (``evaluation``).
+
+    ``seconds`` is what the solver minimizes; it is the sum of the five parts
+    ``compute_s + collective_s + reshard_s + latency_s + tiebreak_s``. Without
+    ``Request.seconds_parts`` (hand-built or coarsened requests) group seconds count as
+    compute and shared edge costs as resharding.
+    """
+    seconds: float
+    peak_bytes: float            # per device, the fullest memory row
+    compute_s: float
+    collective_s: float          # collectives inside strategies (combined latencies aside)
+    reshard_s: float             # edges, resharding inside groups, shared copies
+    latency_s: float             # combined collectives' latencies, paid once
+    tiebreak_s: float            # the price per byte held that breaks ties of equal time
+    over_budget_bytes: float     # the peak past ``Request.memory_budget``; 0 within it
+    broken_ties: int             # ties (``Request.ties``) whose keys differ
+
+    @property
+    def comm_s(self) -> float:
+        """Seconds moving data: collectives, their latencies and resharding."""
+        return self.collective_s + self.latency_s + self.reshard_s
+
+    @property
+    def feasible(self) -> bool:
+        return self.over_budget_bytes == 0.0 and self.broken_ties == 0
 
 
-def shared_seconds(request: Request, choice) -> float:
+def evaluation(request: Request, choice: Sequence[int]) -> Evaluation:
+    """Every part of the cost of ``choice`` (a strategy per group), from the request alone."""
+    node_s = sum(float(c[choice[g]]) for g, c in enumerate(request.node_costs))
+    edge_s = sum(float(m[choice[u], choice[v]]) for u, v, m in request.edges)
     once = sum(seconds for seconds, members in request.shared_costs
                if any(choice[g] == s for g, s in members))
-    return once + sum(seconds for (seconds, _), paid in
-                      zip(request.shared_edge_costs, shared_edges_paid(request, choice))
-                      if paid)
+    parts = request.seconds_parts
+    latency_edges = parts.latency_edges if parts is not None else ()
+    paid = [(cost, k < len(latency_edges) and bool(latency_edges[k]))
+            for k, ((cost, _), marked) in enumerate(zip(request.shared_edge_costs,
+                                                        shared_edges_paid(request, choice)))
+            if marked]
+    seconds = node_s + edge_s + (once + sum(cost for cost, _ in paid))
+    copies = sum(cost for cost, is_latency in paid if not is_latency)
+    latencies = sum(cost for cost, is_latency in paid if is_latency)
+    if parts is None:
+        compute, collective, inside, tiebreak = node_s, 0.0, 0.0, 0.0
+    else:
+        compute, collective, inside = (sum(float(v[choice[g]]) for g, v in enumerate(vectors))
+                                       for vectors in (parts.compute, parts.collectives,
+                                                       parts.reshard))
+        tiebreak = parts.tiebreak_seconds_per_byte * sum(
+            float(b[choice[g]]) for g, b in request.memory_terms)
+    peak = peak_memory(request, choice)
+    budget = request.memory_budget
+    return Evaluation(
+        seconds=seconds, peak_bytes=peak, compute_s=compute, collective_s=collective,
+        reshard_s=inside + edge_s + copies, latency_s=once + latencies, tiebreak_s=tiebreak,
+        over_budget_bytes=max(0.0, peak - budget) if budget is not None else 0.0,
+        broken_ties=sum(int(keys_u[choice[u]] != keys_v[choice[v]])
+                        for u, v, keys_u, keys_v in request.ties))
+
+
+def evaluate(request: Request, choice: Sequence[int]) -> tuple[float, float]:
+    """(seconds, peak bytes per device) of ``choice``: the solver's reading of
+    ``evaluation``."""
+    found = evaluation(request, choice)
+    return found.seconds, found.peak_bytes
 
 
 def shared_edges_paid(request: Request, choice) -> list[bool]:
@@ -224,14 +295,14 @@ def tie_up(request: Request, choice: np.ndarray) -> np.ndarray:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Touching:
+class Touching:
     """Per group, the indices of the edges, shared costs and shared edge costs it is in."""
     edges: list
     shared: list
     shared_edges: list
 
     @classmethod
-    def of(cls, request: Request) -> "_Touching":
+    def of(cls, request: Request) -> "Touching":
         n = len(request.node_costs)
         edges, shared, shared_edges = ([[] for _ in range(n)] for _ in range(3))
         for k, (u, v, _) in enumerate(request.edges):
@@ -246,7 +317,7 @@ class _Touching:
         return cls(edges, shared, shared_edges)
 
 
-def group_seconds(request: Request, choice, g: int, touching: _Touching) -> np.ndarray:
+def group_seconds(request: Request, choice, g: int, touching: Touching) -> np.ndarray:
     """Per strategy of group g, the plan's seconds that depend on g's choice (the rest
     held at ``choice``): moving g from s to t changes the plan by [t] - [s]."""
     total = np.asarray(request.node_costs[g], float).copy()
@@ -298,7 +369,7 @@ def polish(request: Request, choice: np.ndarray, deadline: float,
     strategy that lowers the plan's seconds and keeps it within the budget (when
     ``budget``). Pricing memory leaves such moves where the rounded relaxation
     overshot; rounding a fractional relaxation leaves them too."""
-    choice, touching = choice.copy(), _Touching.of(request)
+    choice, touching = choice.copy(), Touching.of(request)
     for _ in range(POLISH_PASSES):
         moved = False
         for g in range(len(request.node_costs)):

@@ -6,6 +6,10 @@
 - The reported cost is the solved cost: ``plan.cost.total_s`` plus the tie-break the
   solver adds per byte held is the objective it minimized.
 - Evaluation agrees with the solver: ``evaluate(request, choice)`` is that objective.
+- One evaluation: its parts add up to its seconds, on the solved choice and on choices
+  the solver did not make; compute is what the chosen strategies compute; the solver's
+  incremental ``group_seconds`` (explain's runner-ups) move a plan's seconds by what
+  ``evaluation`` says.
 - Reuse and coarsening cost nothing: dropping dominated strategies is exact, and solving
   repeated layers once costs at most the 1 % reuse promises over solving each alone.
 """
@@ -25,7 +29,7 @@ from autoshard.cost import build_cost_graph
 from autoshard.hardware import Backend
 from autoshard.units import axis_sizes
 from autoshard.models.case import TrainCase
-from autoshard.solve import evaluate, solve
+from autoshard.solve import Touching, evaluate, evaluation, group_seconds, solve
 from autoshard.strategies import build_strategies
 from autoshard.testing import plain
 from autoshard.trace import build_graph, trace_program
@@ -142,13 +146,18 @@ def test_reported_cost_is_objective(name):
             plan.solver["objective_s"], rel=RELATIVE), layout
 
 
-def solved(name):
-    """The pipeline's stages by hand: the full request, the coarsened one, the result."""
+@functools.cache
+def cost_graph(name):
     case, mesh = case_of(name), mesh_of(CASES[name][1])
     graph = build_graph(trace_program(case.train_step, *case.abstract_args()))
     space = build_strategies(graph, axis_sizes(mesh), autoshard.H100, {},
                              Backend.of(mesh).combined)
-    cg = build_cost_graph(space, (), Backend.of(mesh).native_reduce_scatter, False)   # as plan() first
+    return build_cost_graph(space, (), Backend.of(mesh).native_reduce_scatter, False)   # as plan() first
+
+
+def solved(name):
+    """The pipeline's stages by hand: the full request, the coarsened one, the result."""
+    cg = cost_graph(name)
     request = api.build_request(cg, autoshard.H100.memory, 60.0)
     coarse = coarsen(cg, request)
     return request, coarse, solve(coarse.request)
@@ -162,6 +171,63 @@ def test_evaluate_agrees_with_solver(name):
     assert evaluate(request, coarse.expand(result.choice))[0] == pytest.approx(
         result.objective, rel=RELATIVE)
     assert plan_of(name).solver["objective_s"] == pytest.approx(result.objective, rel=RELATIVE)
+
+
+def random_choices(request, count: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [np.array([rng.integers(len(c)) for c in request.node_costs]) for _ in range(count)]
+
+
+@pytest.mark.parametrize("name", ["plain_lm-8", "plain_moe-8", "plain_cnn-2x4", "gpt-2x4"])
+def test_evaluation_parts_add_up(name):
+    request, coarse, result = solved(name)
+    for choice in [coarse.expand(result.choice), *random_choices(request, 8)]:
+        found = evaluation(request, choice)
+        parts = (found.compute_s + found.collective_s + found.reshard_s + found.latency_s
+                 + found.tiebreak_s)
+        assert parts == pytest.approx(found.seconds, rel=RELATIVE)
+        assert found.seconds == pytest.approx(evaluate(request, choice)[0], rel=0)
+        assert min(found.compute_s, found.collective_s, found.reshard_s, found.latency_s) >= 0
+
+
+@pytest.mark.parametrize("name", ["plain_lm-8", "plain_moe-8", "gpt-2x4"])
+def test_evaluation_computes_what_the_chosen_strategies_compute(name):
+    request, coarse, result = solved(name)
+    cg = cost_graph(name)
+    for choice in [coarse.expand(result.choice), *random_choices(request, 4, seed=1)]:
+        chosen = cg.node_strategies(choice)
+        found = evaluation(request, choice)
+        assert found.compute_s == pytest.approx(sum(s.compute_s for s in chosen), rel=RELATIVE)
+        assert found.collective_s == pytest.approx(sum(s.comm_s for s in chosen),
+                                                   rel=RELATIVE, abs=1e-15)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_breakdown_adds_up_to_the_plan_cost(name):
+    plan = plan_of(name)
+    items = plan.breakdown
+    assert sum(i.compute_s for i in items) == pytest.approx(plan.cost.compute_s, rel=RELATIVE)
+    assert sum(i.comm_s + i.reshard_s for i in items) == pytest.approx(
+        plan.cost.comm_s, rel=RELATIVE, abs=1e-15)
+    assert sum(i.reshard_s for i in items) == pytest.approx(plan.cost.reshard_s, rel=RELATIVE,
+                                                            abs=1e-15)
+
+
+@pytest.mark.parametrize("name", ["plain_lm-8", "plain_moe-8", "gpt-2x4"])
+def test_group_seconds_move_a_plan_as_evaluation_does(name):
+    request, coarse, result = solved(name)
+    touching = Touching.of(request)
+    rng = np.random.default_rng(2)
+    for choice in [coarse.expand(result.choice), *random_choices(request, 3, seed=3)]:
+        base = evaluation(request, choice).seconds
+        open_groups = [g for g, c in enumerate(request.node_costs) if len(c) > 1]
+        for g in rng.choice(open_groups, size=min(12, len(open_groups)), replace=False):
+            seconds = group_seconds(request, choice, g, touching)
+            for s in range(len(seconds)):
+                moved = choice.copy()
+                moved[g] = s
+                assert evaluation(request, moved).seconds - base == pytest.approx(
+                    seconds[s] - seconds[choice[g]], rel=1e-9, abs=1e-15), (g, s)
 
 
 @pytest.mark.parametrize("name", ["plain_lm-8", "plain_cnn-2x4", "gpt-2x4"])

@@ -258,7 +258,7 @@ def request_with_shared_costs(seed: int) -> Request:
 @pytest.mark.parametrize("seed", range(4))
 def test_group_seconds_are_the_plan_seconds_of_moving_one_group(seed):
     request = request_with_shared_costs(seed)
-    touching = solve_module._Touching.of(request)
+    touching = solve_module.Touching.of(request)
     choice = np.random.default_rng(seed).integers(3, size=6)
     base = evaluate(request, choice)[0]
     for g in range(6):

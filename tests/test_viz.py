@@ -8,7 +8,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import autoshard
-from autoshard import cli, judge, specs, viz
+from autoshard import api, cli, judge, solve, specs, viz
 from autoshard.testing import programs
 
 
@@ -304,6 +304,27 @@ def test_explain_reads_as_sentences(plan):
         viz.explain(plan, "params['layers'][0]['ww']")
     with pytest.raises(autoshard.PlanError, match="did you mean"):
         viz.sharding(plan, "params['layer'][0]['w']")
+
+
+def test_runner_ups_pay_the_latencies_the_solver_pays():
+    # group 0 (an argument) has strategies a and b (1 s each); group 1 reads it. One
+    # combined collective's latency (5 s) is paid once if group 0 takes b or group 1 takes
+    # its strategy 1.
+    request = solve.Request(node_costs=[np.array([1.0, 1.0]), np.array([0.0, 0.0])], edges=[],
+                            shared_costs=[(5.0, [(0, 1), (1, 1)])])
+    # nobody pays it yet: b costs the 5 s latency more
+    assert list(api.local_costs(request, [0, 0])[0]) == [1.0, 6.0]
+    # group 1 pays it already: b costs the same
+    assert list(api.local_costs(request, [0, 1])[0]) == [1.0, 1.0]
+    for choice in ([0, 0], [0, 1], [1, 0], [1, 1]):
+        costs = api.local_costs(request, choice)
+        for g in (0, 1):
+            moved = list(choice)
+            for s in (0, 1):
+                moved[g] = s
+                assert (solve.evaluation(request, moved).seconds
+                        - solve.evaluation(request, choice).seconds
+                        == pytest.approx(costs[g][s] - costs[g][choice[g]]))
 
 
 # -- abstract arguments ---------------------------------------------------------------------------
