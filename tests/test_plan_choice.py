@@ -203,7 +203,7 @@ def test_past_the_cap_a_shared_copy_is_held_once_and_paid_per_read(mesh_1d, monk
         result = solve.solve(request)
         return cg, result, solve.term_values(request, result.choice).sum()
     _, shared, shared_bytes = priced()
-    monkeypatch.setattr(cost, "MAX_SHARED_COPIES", 0)
+    monkeypatch.setattr(cost.shared, "MAX_SHARED_COPIES", 0)   # where shared_copies reads it
     _, capped, capped_bytes = priced()
     gather = 64 * 256 * 4
     assert list(capped.choice) == list(shared.choice) and capped_bytes == shared_bytes

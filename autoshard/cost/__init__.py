@@ -1,0 +1,52 @@
+"""cost: StrategySpace -> CostGraph, the numbers the solver chooses by.
+
+One module a concern; this package holds their public names:
+
+- ``grouping``: nodes that simply follow an operand (elementwise chains, reshapes,
+  converts, loop seams) join their producer's group, so the solver picks one strategy per
+  group.
+- ``reshard``: the collectives of a reshard and their seconds; a resharding matrix per
+  edge between groups.
+- ``shared``: seconds paid once for many choices: copies several readers share, the
+  latency of a combined collective.
+- ``liveness``: per-device memory terms, each live over a range of nodes, as XLA's buffer
+  assignment keeps them.
+- ``graph``: the ``CostGraph`` (a cost vector per group: compute, collectives and
+  resharding inside the group; the edges; the memory terms and rows) and the builder that
+  prices a ``StrategySpace`` into it.
+
+The facts about XLA these rest on (which values it keeps, which collectives its combiner
+merges, which operands it copies into another layout) live in ``strategies`` and
+``hardware``; ``docs/architecture.md`` says where each kind of fact goes.
+"""
+
+from autoshard.cost.graph import (
+                                  TIEBREAK_SECONDS_PER_BYTE,
+                                  CostGraph,
+                                  Edge,
+                                  Tie,
+                                  build_cost_graph,
+)
+from autoshard.cost.grouping import Menu
+from autoshard.cost.liveness import POINTER_BYTES, EdgeMemoryTerm, MemoryTerm
+from autoshard.cost.reshard import (
+                                  REDUCTIONS,
+                                  Interner,
+                                  gather_steps,
+                                  operand_reshard_seconds,
+                                  reshard_collectives,
+                                  reshard_seconds,
+)
+from autoshard.cost.shared import (
+                                  MAX_SHARED_COPIES,
+                                  SharedCost,
+                                  SharedReshard,
+                                  shared_reads,
+)
+
+__all__ = [
+    "CostGraph", "Edge", "EdgeMemoryTerm", "Interner", "MAX_SHARED_COPIES", "MemoryTerm",
+    "Menu", "POINTER_BYTES", "REDUCTIONS", "SharedCost", "SharedReshard",
+    "TIEBREAK_SECONDS_PER_BYTE", "Tie", "build_cost_graph", "gather_steps",
+    "operand_reshard_seconds", "reshard_collectives", "reshard_seconds", "shared_reads",
+]

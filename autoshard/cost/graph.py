@@ -1,0 +1,219 @@
+"""cost.graph: the ``CostGraph`` the solver's request is built from, and the builder that
+prices a ``StrategySpace`` into it: groups (``grouping``), a cost vector per group and a
+resharding matrix per edge between groups (``reshard``), shared copies and latencies
+(``shared``), memory terms (``liveness``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from autoshard.cost.grouping import Grouping, Menu
+from autoshard.cost.liveness import EdgeMemoryTerm, Liveness, MemoryTerm
+from autoshard.cost.reshard import Interner, ReshardPrices
+from autoshard.cost.shared import SharedCopies, SharedCost, SharedReshard
+from autoshard.solve import LiveRows, SecondsParts
+from autoshard.strategies import StrategySpace
+
+
+@dataclasses.dataclass(frozen=True)
+class Edge:
+    src: int                # group
+    dst: int                # group
+    cost: np.ndarray        # [strategies of src, strategies of dst], seconds
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Tie:
+    """Groups u and v must choose strategies with equal keys (the same spec)."""
+    u: int
+    v: int
+    keys_u: np.ndarray      # per strategy of u
+    keys_v: np.ndarray      # per strategy of v
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class CostGraph:
+    space: StrategySpace
+    group_of_node: tuple[int, ...]
+    groups: tuple[tuple[int, ...], ...]          # member node ids, root first
+    choice: tuple[np.ndarray, ...]               # per node: group strategy -> node strategy
+    node_costs: tuple[np.ndarray, ...]           # per group, seconds
+    edges: tuple[Edge, ...]
+    memory_terms: tuple[MemoryTerm, ...]
+    fixed_terms: tuple[int, ...]                 # arguments and outputs: always resident
+    memory_rows: LiveRows                        # temporaries live together at a point
+    shared_costs: tuple["SharedCost", ...] = ()  # latencies paid once for many collectives
+    ties: tuple[Tie, ...] = ()                   # donated argument = its output's spec
+    # rows index these after memory_terms: edge term k is term len(memory_terms) + k
+    edge_memory_terms: tuple[EdgeMemoryTerm, ...] = ()
+    shared_reshards: tuple[SharedReshard, ...] = ()   # copies several readers share
+    # the reads (node, operand) whose copies those are -> the key of their value
+    shared_reads: Mapping[tuple[int, int], tuple] = dataclasses.field(default_factory=dict)
+    # (shared reshard, bytes): its copy, held if it is made; rows index these last
+    shared_copy_terms: tuple[tuple[int, float], ...] = ()
+    # some copies several readers share are counted once per reader (built without
+    # ``share_held_copies``)
+    held_per_read: bool = False
+    # one more latency for trailing collectives that depend on like ones, paid as shared
+    # reshards are (``_Builder.build_chained_latencies``)
+    chained_latencies: tuple[SharedReshard, ...] = ()
+    # node_costs split into compute, collectives and resharding inside groups (the
+    # memory tiebreak, ``TIEBREAK_SECONDS_PER_BYTE`` per byte of memory_terms, aside)
+    seconds_parts: SecondsParts | None = None
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.groups)
+
+    @property
+    def shared_edge_costs(self) -> tuple[SharedReshard, ...]:
+        """Costs paid once if any member pair of choices is marked: the shared copies,
+        then the chained latencies (``seconds_parts.latency_edges`` tells them apart)."""
+        return self.shared_reshards + self.chained_latencies
+
+    def node_strategy(self, node_id: int, group_choice: Sequence[int]):
+        g = self.group_of_node[node_id]
+        return self.space.strategies[node_id][self.choice[node_id][group_choice[g]]]
+
+    def node_strategies(self, group_choice: Sequence[int]) -> list:
+        """Per node, its strategy when each group takes its strategy in ``group_choice``."""
+        strategies, picks = self.space.strategies, self.choice
+        return [strategies[n][picks[n][group_choice[g]]]
+                for n, g in enumerate(self.group_of_node)]
+
+
+class _Builder(Grouping, ReshardPrices, SharedCopies, Liveness):
+    """Prices a ``StrategySpace``: the state and caches each concern's methods share (a
+    repeated layer's values share prices, keyed by numbered arrays and specs)."""
+
+    def __init__(self, space: StrategySpace, donated: Sequence[tuple[int, int]],
+                 native_reduce_scatter: bool = True, share_held_copies: bool = True):
+        self.space = space
+        self.native_reduce_scatter = native_reduce_scatter
+        self.share_held_copies = share_held_copies
+        self.held_per_read = False   # some copies readers share are held once per read
+        self.graph = space.graph
+        self.hw = space.hardware
+        self.axis_sizes = space.axis_sizes
+        self.donated = tuple(donated)
+        self.donated_outputs = {k for k, _ in donated}
+        self.donated_arg_of_output = {self.graph.output_nodes[k]: arg for k, arg in donated}
+        self.group_of_node: list[int] = []
+        self.groups: list[list[int]] = []
+        self.choice: list[np.ndarray] = []
+        self.menus: list[Menu] = []      # per node, once its group strategies are known
+        self.value_num_bytes = [v.num_bytes for v in self.graph.values]
+        self.fusible = [e is not None and e.fusible for e in space.einsums]
+        self.arrays = Interner()          # (shape, dtype) of values
+        self.value_array = [self.arrays.number((v.shape, v.dtype)) for v in self.graph.values]
+        self.spec_lists = Interner()      # a spec per group strategy
+        self.specs = Interner()
+        self._menus: dict = {}
+        self._prices: dict = {}
+        self._pairs: dict = {}
+        self._reshard_matrices: dict = {}
+        self._copies: dict = {}
+        self._bytes: dict = {}
+        self._follows: dict = {}
+        self._all_picks: dict = {}
+        self._copy_starts: dict = {}
+        self._reductions: dict = {}
+        self._combines: dict = {}
+        self._shared_copies: dict = {}
+        self.paid_once: dict = {}             # shared reads -> (value key, specs shared)
+        self.shared_copies_held: list = []    # (shared reshard, value, readers, bytes)
+
+    def build_costs(self):
+        """Per group its seconds, and their ``SecondsParts``; the edges between groups;
+        the shared reshards; the reads whose copies those are."""
+        node_costs = [np.zeros(self.group_size(g)) for g in range(len(self.groups))]
+        compute = [np.zeros(len(c)) for c in node_costs]
+        collectives = [np.zeros(len(c)) for c in node_costs]
+        reshard = [np.zeros(len(c)) for c in node_costs]
+        for node in self.graph.nodes:
+            g, menu = self.group_of_node[node.id], self.menus[node.id]
+            node_costs[g] += menu.seconds
+            compute[g] += menu.compute
+            collectives[g] += menu.comm
+        edges: dict[tuple[int, int], np.ndarray] = {}
+        shared, self.paid_once, self.shared_copies_held = self.build_shared_reshards()
+        paid_once = self.paid_once
+        for node in self.graph.nodes:
+            gv = self.group_of_node[node.id]
+            for i, value_id in enumerate(node.operands):
+                if value_id is None:
+                    continue
+                value = self.graph.values[value_id]
+                gu = self.group_of_node[value.producer]
+                matrix, diagonal = self.edge_matrix(value, node, i)
+                weight = node.operand_weights[i]   # mostly 1.0, and x * 1.0 is x
+                if gu == gv:
+                    moved = diagonal if weight == 1.0 else diagonal * weight
+                    node_costs[gu] += moved
+                    reshard[gu] += moved
+                    continue
+                if (node.id, i) in paid_once:   # those specs are priced by shared reshards
+                    matrix = np.where(paid_once[(node.id, i)][1][None, :], 0.0, matrix)
+                matrix = matrix if weight == 1.0 else matrix * weight
+                if (gv, gu) in edges:   # the sums below are new arrays, never a cached one
+                    edges[(gv, gu)] += matrix.T
+                else:
+                    edges[(gu, gv)] = edges.get((gu, gv), 0) + matrix
+        return (node_costs, (tuple(compute), tuple(collectives), tuple(reshard)),
+                [Edge(u, v, m) for (u, v), m in edges.items()], shared,
+                {read: key for read, (key, paid, _) in paid_once.items() if paid.any()})
+
+    def donation_ties(self) -> tuple["Tie", ...]:
+        """A donated argument and the output written into its buffer keep one spec: the
+        next step takes that output back as this argument, and XLA aliases only buffers
+        sharded alike."""
+        ties = []
+        for k, arg_node in self.donated:
+            out_node = self.graph.output_nodes[k]
+            if out_node is None:
+                continue
+            gu, gv = self.group_of_node[arg_node], self.group_of_node[out_node]
+            srcs, dsts = self.out_specs(arg_node, 0), self.out_specs(out_node, 0)
+            ids = {spec: i for i, spec in enumerate(dict.fromkeys(srcs + dsts))}
+            ties.append(Tie(gu, gv, np.array([ids[s] for s in srcs]),
+                            np.array([ids[s] for s in dsts])))
+        return tuple(ties)
+
+
+# Between plans of equal time, prefer the one that keeps fewer bytes per device.
+TIEBREAK_SECONDS_PER_BYTE = 1e-15
+
+
+def build_cost_graph(space: StrategySpace, donated: Sequence[tuple[int, int]] = (),
+                     native_reduce_scatter: bool = True,
+                     share_held_copies: bool = True) -> CostGraph:
+    """Group followers, then price every group and every edge between groups.
+
+    ``donated`` pairs an output index with the argument node whose buffer it reuses.
+    ``native_reduce_scatter`` is False for backends whose XLA all-reduces and keeps a
+    slice instead (CPU): memory then holds the full reduced result.
+    ``share_held_copies`` False counts some copies readers share once per reader (see
+    ``_Builder.shared_copies``): a smaller problem."""
+    builder = _Builder(space, donated, native_reduce_scatter, share_held_copies)
+    builder.build_groups()
+    node_costs, node_parts, edges, shared_reshards, sharing = builder.build_costs()
+    terms, fixed, rows, edge_terms, shared_terms = builder.build_memory()
+    for term in terms:
+        node_costs[term.group] = node_costs[term.group] + TIEBREAK_SECONDS_PER_BYTE * term.num_bytes
+    chained = builder.build_chained_latencies()
+    parts = SecondsParts(*node_parts, latency_edges=(False,) * len(shared_reshards)
+                         + (True,) * len(chained),
+                         tiebreak_seconds_per_byte=TIEBREAK_SECONDS_PER_BYTE)
+    return CostGraph(space=space, group_of_node=tuple(builder.group_of_node),
+                     groups=tuple(tuple(g) for g in builder.groups),
+                     choice=tuple(builder.choice), node_costs=tuple(node_costs),
+                     seconds_parts=parts,
+                     edges=tuple(edges), memory_terms=terms, fixed_terms=fixed,
+                     memory_rows=rows, shared_costs=builder.build_shared_costs(),
+                     ties=builder.donation_ties(), edge_memory_terms=edge_terms,
+                     shared_reshards=shared_reshards, shared_reads=sharing,
+                     shared_copy_terms=shared_terms, held_per_read=builder.held_per_read,
+                     chained_latencies=chained)

@@ -1,0 +1,136 @@
+"""cost.grouping: nodes that simply follow an operand (elementwise chains, reshapes,
+converts, loop seams) join their producer's group, so the solver picks one strategy
+per group; a follower's strategy per strategy of its group is its ``choice``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from autoshard.specs import Spec
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Menu:
+    """A node's strategies in the order of its group's: per group strategy, the node's
+    seconds, the spec each operand is read in and the spec each result is written in.
+    Nodes with the same strategies and the same picks (a repeated layer's) share one.
+    Lists of specs are numbered (``_Builder.spec_list``): caches key them by number."""
+    seconds: np.ndarray
+    compute: np.ndarray          # the part of ``seconds`` spent computing
+    comm: np.ndarray             # the part spent in collectives
+    in_lists: tuple[int, ...]    # per operand
+    out_lists: tuple[int, ...]   # per result
+
+
+class Grouping:
+    """Grouping followers, for the builder (``graph._Builder``), which holds the state."""
+
+    def all_picks(self, num_strategies: int) -> np.ndarray:
+        """The choice of a group's root: every strategy of its own, one array per count."""
+        if num_strategies not in self._all_picks:
+            self._all_picks[num_strategies] = np.arange(num_strategies, dtype=np.int32)
+        return self._all_picks[num_strategies]
+
+    def menu_of(self, node_id: int) -> Menu:
+        strategies, picks = self.space.strategies[node_id], self.choice[node_id]
+        key = (id(strategies), id(picks))   # both are shared by identical nodes and kept
+        found = self._menus.get(key)
+        if found is None:
+            chosen = [strategies[c] for c in picks]
+            node = self.graph.nodes[node_id]
+            found = self._menus[key] = Menu(
+                np.array([s.seconds for s in strategies])[picks],
+                np.array([s.compute_s for s in strategies])[picks],
+                np.array([s.comm_s for s in strategies])[picks],
+                tuple(self.spec_lists.number(tuple(s.in_specs[i] for s in chosen))
+                      for i in range(len(node.operands))),
+                tuple(self.spec_lists.number(tuple(s.out_specs[k] for s in chosen))
+                      for k in range(len(node.outputs))))
+        return found
+
+    def out_specs(self, node_id: int, index: int) -> tuple[Spec, ...]:
+        """The spec of a node's result per strategy of its group."""
+        return self.spec_lists.items[self.menus[node_id].out_lists[index]]
+
+    def group_size(self, g) -> int:
+        return len(self.choice[self.groups[g][0]])
+
+    def main_operand(self, node) -> int | None:
+        einsum = self.space.einsums[node.id]
+        if node.kind == "arg" or node.kind == "const" or einsum is None or not einsum.fusible:
+            return None
+        best, best_bytes = None, -1
+        for i, v in enumerate(node.operands):
+            if v is not None and self.graph.values[v].producer < node.id:
+                if self.value_num_bytes[v] > best_bytes:
+                    best, best_bytes = i, self.value_num_bytes[v]
+        if best is None:
+            return None
+        producer = self.graph.values[node.operands[best]].producer
+        if self.graph.nodes[producer].kind == "arg" and len(self.space.strategies[node.id]) > 1:
+            # an argument's spec is where it arrives, not where its readers compute: a
+            # replicated argument may be read in slices for free (Adam's update of a
+            # replicated moment, split over the batch axes). Following it would keep
+            # those plans out of the search, which pinning the argument opens.
+            return None
+        fixed = len(self.choice[self.groups[self.group_of_node[producer]][0]]) == 1
+        if fixed and len(self.space.strategies[node.id]) > 1:
+            return None   # a group with one strategy would decide this node's alone
+        if not self.can_keep_donated_spec(node, node.operands[best]):
+            return None
+        out_bytes = max(self.value_num_bytes[o] for o in node.outputs)
+        return best if out_bytes <= best_bytes else None
+
+    def can_keep_donated_spec(self, node, value_id: int) -> bool:
+        """Whether an output written into a donated argument can follow its operand: only
+        if every spec the argument may take is one the operand comes in. A pinned argument
+        whose spec the operand never has (a scan stacks it whole on the layer dim) needs
+        the output resharded into it, so the output keeps a group of its own."""
+        arg = self.donated_arg_of_output.get(node.id)
+        if arg is None:
+            return True
+        value = self.graph.values[value_id]
+        available = set(self.out_specs(value.producer, value.index))
+        return all(s.out_specs[0] in available for s in self.space.strategies[arg])
+
+    def follow(self, node, i) -> np.ndarray:
+        value = self.graph.values[node.operands[i]]
+        u = value.producer
+        g = self.group_of_node[u]
+        strategies = self.space.strategies[node.id]
+        srcs = self.out_specs(u, value.index)
+        # strategies are shared by identical nodes and held by the space
+        key = (id(strategies), i, self.value_array[value.id],
+               self.menus[u].out_lists[value.index])
+        if key in self._follows:
+            return self._follows[key]
+        picks, by_spec = [], {}
+        for src in srcs:
+            if src not in by_spec:
+                # take the operand as it comes when a strategy can; slicing it further
+                # is a decision for the solver, not for a follower
+                same = [k for k, t in enumerate(strategies) if t.in_specs[i] == src]
+                if same:
+                    by_spec[src] = min(same, key=lambda k: strategies[k].seconds)
+                else:
+                    by_spec[src] = int(np.argmin([self.reshard(value.id, src, t.in_specs[i])
+                                                  + t.seconds for t in strategies]))
+            picks.append(by_spec[src])
+        self._follows[key] = np.asarray(picks, dtype=np.int32)
+        return self._follows[key]
+
+    def build_groups(self):
+        for node in self.graph.nodes:
+            i = self.main_operand(node)
+            if i is None:
+                self.group_of_node.append(len(self.groups))
+                self.groups.append([node.id])
+                self.choice.append(self.all_picks(len(self.space.strategies[node.id])))
+            else:
+                g = self.group_of_node[self.graph.values[node.operands[i]].producer]
+                self.choice.append(self.follow(node, i))
+                self.group_of_node.append(g)
+                self.groups[g].append(node.id)
+            self.menus.append(self.menu_of(node.id))

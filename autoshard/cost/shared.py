@@ -1,0 +1,214 @@
+"""cost.shared: seconds paid once for many choices. A resharded copy of a value that
+several readers want in one spec is made once for all of them (``SharedReshard``), and
+XLA's combiner merges like collectives into one, whose latency is paid once
+(``SharedCost``), or once more for a trailing collective that depends on a like one
+(chained latencies)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Sequence
+
+import numpy as np
+
+from autoshard import specs
+from autoshard.xla import loop_scope, reduction_waves, trailing_ancestors
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedCost:
+    """Seconds paid once if any member (group, group strategy) is chosen: the latency of
+    one combined collective standing for all the like collectives it merges."""
+    key: tuple                              # (kind, mesh axes, (loop scope, wave))
+    seconds: float
+    members: tuple[tuple[int, int], ...]
+
+
+# Past this many shared copies of one value (its sources times the specs its readers may
+# share), the solver would slow down more than the sharing is worth: each read pays its
+# seconds, and one copy per wanted spec holds the bytes.
+MAX_SHARED_COPIES = 16
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SharedReshard:
+    """One resharded copy of a value that several readers may want in one spec: XLA makes
+    it once for all of them. Its seconds are paid once if any member (producer group,
+    reader group, paid[producer strategy, reader strategy]) is marked."""
+    seconds: float
+    members: tuple[tuple[int, int, np.ndarray], ...]
+
+
+def shared_reads(graph, group_of_node: Sequence[int]) -> dict[tuple[int, int], tuple]:
+    """Reads (node, operand) of a value that other readers outside the value's group read
+    too, at the same weight (outputs aside), each mapped to the key (value, weight) of its
+    fellow readers: XLA reshards such a value once per spec they want, not once per read."""
+    reads: dict[tuple, list] = {}
+    for node in graph.nodes:
+        if node.kind == "output":
+            continue
+        gv = group_of_node[node.id]
+        for i, value_id in enumerate(node.operands):
+            if value_id is not None and group_of_node[graph.values[value_id].producer] != gv:
+                reads.setdefault((value_id, node.operand_weights[i]), []).append((node.id, i))
+    return {read: key for key, found in reads.items() if len(found) > 1 for read in found}
+
+
+class SharedCopies:
+    """Shared copies and combined latencies, for the builder (``graph._Builder``),
+    which holds the state."""
+
+    def build_shared_reshards(self) -> tuple[tuple[SharedReshard, ...], dict, list]:
+        """A ``SharedReshard`` per value, spec it is written in (those a copy costs alike
+        from, together) and spec that two or more of its readers (``shared_reads``) may
+        want; per such read, its value's key and masks over its reader's strategies of
+        the specs it no longer pays for, and no longer holds, on its own; and per shared
+        reshard, (its index, the value, the readers that may share it, the copy's bytes)."""
+        by_key: dict[tuple, list] = {}
+        for read, key in shared_reads(self.graph, self.group_of_node).items():
+            by_key.setdefault(key, []).append(read)
+        shared, paid_once, held = [], {}, []
+        for (value_id, weight), reads in by_key.items():
+            value = self.graph.values[value_id]
+            copies, paid, holds = self.shared_copies(
+                self.value_array[value_id], self.menus[value.producer].out_lists[value.index],
+                tuple(self.menus[n].in_lists[i] for n, i in reads), weight)
+            gu = self.group_of_node[value.producer]
+            readers = [self.group_of_node[n] for n, _ in reads]
+            for seconds, paid_by, num_bytes in copies:
+                held.append((len(shared), value_id,
+                             tuple(reads[r][0] for r, _ in paid_by), num_bytes))
+                shared.append(SharedReshard(seconds, tuple((gu, readers[r], marked)
+                                                           for r, marked in paid_by)))
+            for read, paid_mask, held_mask in zip(reads, paid, holds):
+                if held_mask.any():
+                    paid_once[read] = (value_id, weight), paid_mask, held_mask
+        return tuple(shared), paid_once, held
+
+    def shared_copies(self, array: int, srcs: int, dsts: tuple[int, ...], weight: float):
+        """For an array written in spec list ``srcs`` and read in the spec lists ``dsts``:
+        the copies readers may share, as (seconds, ((reader, paid[src, dst]), ...), the
+        copy's bytes per device), and per reader the masks of its specs some other reader
+        may want too, whose seconds and whose bytes the shared copies take over.
+
+        Past ``MAX_SHARED_COPIES`` (sources with distinct prices times wanted specs), each
+        read pays its own seconds, and the copies price bytes alone, one per wanted spec;
+        or, without ``share_held_copies``, each read holds its own copy too (fewer copies
+        to solve for). Cached: layers repeat them."""
+        key = (array, srcs, dsts, weight)
+        if key in self._shared_copies:
+            return self._shared_copies[key]
+        src_specs = self.spec_lists.items[srcs]
+        wanted = [self.spec_lists.items[d] for d in dsts]
+        readers_of: dict = {}
+        for r, specs_r in enumerate(wanted):
+            for spec in dict.fromkeys(specs_r):
+                readers_of.setdefault(spec, []).append(r)
+        common = {spec: readers for spec, readers in readers_of.items() if len(readers) > 1}
+        shape, dtype = self.arrays.items[array]
+        timed, held_only, over = [], [], False
+        for dst, readers in common.items():
+            # the sources a copy costs alike from share one entry: the producer writes one
+            # spec, so at most one of them is paid
+            by_seconds: dict[float, np.ndarray] = {}
+            for src in dict.fromkeys(src_specs):
+                seconds = weight * self.reshard_by_number(array, self.specs.number(src),
+                                                          self.specs.number(dst))
+                if seconds > 0:
+                    from_src = np.array([spec == src for spec in src_specs])
+                    by_seconds[seconds] = by_seconds.get(seconds, False) | from_src
+            over = over or len(timed) + len(by_seconds) > MAX_SHARED_COPIES
+            if over and not self.share_held_copies:
+                break   # each read pays its seconds and holds its copy
+            to_dst = {r: np.array([spec == dst for spec in wanted[r]]) for r in readers}
+            held = specs.per_device_bytes(shape, dtype, dst, self.axis_sizes)
+            timed += [(seconds, tuple((r, from_src[:, None] & to_dst[r][None, :])
+                                      for r in readers), held)
+                      for seconds, from_src in by_seconds.items()]
+            if by_seconds and self.share_held_copies:
+                moved = functools.reduce(np.logical_or, by_seconds.values())
+                held_only.append((0.0, tuple((r, moved[:, None] & to_dst[r][None, :])
+                                             for r in readers), held))
+        shared_specs = [np.array([spec in common for spec in specs_r]) for specs_r in wanted]
+        unshared = [np.zeros_like(m) for m in shared_specs]
+        if not over:
+            found = timed, shared_specs, shared_specs
+        elif self.share_held_copies:   # too many to solve for: each read pays its seconds
+            found = held_only, unshared, shared_specs
+        else:
+            self.held_per_read = True
+            found = [], unshared, unshared
+        self._shared_copies[key] = found
+        return found
+
+    def build_shared_costs(self) -> tuple[SharedCost, ...]:
+        """One latency per combined collective: per computation (per loop body, once per
+        iteration) one for the trailing nodes' collectives, and one per wave of siblings
+        (``reduction_waves``) for the others'."""
+        members: dict[tuple, set] = {}
+        waves = reduction_waves(self.graph, self.space.strategies)
+        for node in self.graph.nodes:
+            strategies = self.space.strategies[node.id]
+            if not self.combines(node.id):
+                continue
+            g = self.group_of_node[node.id]
+            wave = None if self.space.trailing[node.id] else waves[node.id]
+            scope, seconds = (loop_scope(node), wave), self.hw.link_latency * node.weight
+            for s, k in enumerate(self.choice[node.id]):
+                for kind, axes in strategies[k].combined:
+                    members.setdefault((kind, axes, scope, seconds), set()).add((g, s))
+        return tuple(SharedCost(key[:3], key[3], tuple(sorted(m)))
+                     for key, m in sorted(members.items(), key=lambda item: repr(item[0])))
+
+    def makes(self, node_id: int, combined: tuple) -> np.ndarray:
+        """Per strategy of the node's group: whether it makes this combined collective."""
+        strategies = self.space.strategies[node_id]
+        return np.array([combined in strategies[k].combined for k in self.choice[node_id]])
+
+    def build_chained_latencies(self) -> tuple[SharedReshard, ...]:
+        """A trailing collective that depends on a like one (``trailing_ancestors``) runs
+        on its own: one more latency per collective kind, axes and computation, paid if
+        any such pair of nodes makes it."""
+        members: dict[tuple, dict] = {}
+        before = trailing_ancestors(self.graph, self.space.strategies, self.space.trailing)
+        for node in self.graph.nodes:
+            if not before[node.id] or not self.combines(node.id):
+                continue
+            gn = self.group_of_node[node.id]
+            for combined, ancestors in before[node.id].items():
+                mine = self.makes(node.id, combined)
+                if not mine.any():
+                    continue
+                key = (combined, loop_scope(node), self.hw.link_latency * node.weight)
+                pairs = members.setdefault(key, {})
+                for p in sorted(ancestors):
+                    paid = np.outer(self.makes(p, combined), mine)
+                    gp = self.group_of_node[p]
+                    if paid.any():
+                        pairs[gp, gn] = pairs[gp, gn] | paid if (gp, gn) in pairs else paid
+        return tuple(SharedReshard(key[2], tuple((u, v, paid) for (u, v), paid in pairs.items()))
+                     for key, pairs in sorted(members.items(), key=lambda item: repr(item[0]))
+                     if pairs)
+
+    def combine_points(self) -> dict[tuple, int]:
+        """Per computation (loop scope), where its combined collective runs: after the last
+        node whose collectives may join it."""
+        points: dict[tuple, int] = {}
+        for node in self.graph.nodes:
+            if self.joins_combined(node.id):
+                points[loop_scope(node)] = node.id
+        return points
+
+    def combines(self, node_id: int) -> bool:
+        """Whether some strategy of the node has a collective XLA combines with its like."""
+        strategies = self.space.strategies[node_id]
+        key = id(strategies)   # shared by identical nodes, held by the space
+        if key not in self._combines:
+            self._combines[key] = any(s.combined for s in strategies)
+        return self._combines[key]
+
+    def joins_combined(self, node_id: int) -> bool:
+        """Whether the node's collectives may join the one combined at the end of its
+        computation; its siblings' combine where they run."""
+        return self.space.trailing[node_id] and self.combines(node_id)

@@ -1,0 +1,300 @@
+"""xla: what XLA does to a program that the cost model must know, one place for each fact.
+
+Which values XLA keeps in memory rather than fusing them (its fusion passes), which
+operands it copies into another layout before a dot or convolution, which transposes it
+folds into dots, which collectives its combiner merges into one, and the width a backend
+reduces narrow floats at. ``strategies`` prices strategies with them and ``cost`` builds
+memory terms and shared latencies from them; ``hlo_report`` reads what XLA did in the
+compiled program. Backend facts read from the device (reduce-scatter formed or emulated,
+collectives combined) live in ``hardware.Backend``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from autoshard.graph import Graph, Node
+
+if TYPE_CHECKING:
+    from autoshard.strategies import Strategy
+
+
+# -- the width a backend reduces narrow floats at --------------------------------------
+
+def reduction_widening(dtype, reduction_itemsize: int) -> float:
+    """How much wider than ``dtype`` the backend's reductions move it: CPU XLA all-reduces
+    bf16 and f16 in f32 (a convert before and after), so their collectives move 2x the
+    program's bytes; 1 elsewhere."""
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        return 1.0
+    if not np.issubdtype(dtype, np.floating) and dtype.name not in ("bfloat16",):
+        return 1.0
+    return max(1.0, reduction_itemsize / dtype.itemsize)
+
+
+# -- layouts: operands XLA copies into another layout before a dot or convolution ------
+
+def transposed_for_dot(node, i: int) -> bool:
+    """Whether XLA copies operand ``i`` of a dot_general into another layout first.
+
+    XLA rewrites a dot that is not a (batched) matrix product as one over operands
+    transposed to [batch, free, contracting] (lhs) and [batch, contracting, free] (rhs);
+    an operand whose dims are not in that order already is copied, unless it is a
+    matrix behind leading batch dims (read transposed in place). A weight [d, heads, k]
+    read by the backward pass's dot contracting (heads, k) is copied, and so is
+    q [b, t, heads, k] read by the scores' dot (batch b, heads); [d, f] or
+    [experts, d, f] is not.
+    """
+    (lc, rc), (lb, rb) = node.params["dimension_numbers"]
+    shape, contract, batch = node.operand_shapes[i], (lc, rc)[i], (lb, rb)[i]
+    free = [d for d in range(len(shape)) if d not in contract and d not in batch]
+    order = [*batch, *free, *contract] if i == 0 else [*batch, *contract, *free]
+    kept = [d for d in order if shape[d] != 1]
+    nb = sum(shape[d] != 1 for d in batch)
+    matrix_behind_batch = kept[:nb] == sorted(kept)[:nb] and len(kept) - nb <= 2
+    return kept != sorted(kept) and not matrix_behind_batch
+
+
+def transposed_for_conv(node, i: int) -> bool:
+    """Whether XLA copies operand ``i`` of a convolution into another layout first.
+
+    XLA:CPU convolves inputs laid out [batch, spatial..., feature] with kernels
+    [spatial..., in, out]; an operand whose dims come in another order is copied: the
+    kernel of a backward-data convolution, the activations of a weight-gradient one.
+    """
+    dn = node.params["dimension_numbers"]
+    spec, shape = (dn.lhs_spec, dn.rhs_spec)[i], node.operand_shapes[i]
+    order = [spec[0], *spec[2:], spec[1]] if i == 0 else [*spec[2:], spec[1], spec[0]]
+    kept = [d for d in order if shape[d] != 1]
+    return kept != sorted(kept)
+
+
+TRANSPOSED_OPERANDS = {"dot_general": transposed_for_dot,
+                       "conv_general_dilated": transposed_for_conv}
+
+
+def transposed_operands(node: Node) -> tuple[bool, ...]:
+    """Per operand of a node: whether XLA copies it into another layout before reading it."""
+    transposed = TRANSPOSED_OPERANDS.get(node.primitive)
+    return tuple(transposed is not None and v is not None and transposed(node, i)
+                 for i, v in enumerate(node.operands))
+
+
+# -- fusion: which values XLA keeps in memory ------------------------------------------
+
+def folded_into_dots(graph: Graph, value) -> bool:
+    """A transpose read only by dots: XLA folds it into their dimension numbers (its
+    transpose-folding pass) and never writes it."""
+    users = graph.users[value.id]
+    return (graph.nodes[value.producer].primitive == "transpose" and bool(users)
+            and value.id not in graph.outputs
+            and all(graph.nodes[u].primitive == "dot_general" for u, _ in users))
+
+
+def materialized_values(graph: Graph, einsums) -> list[bool]:
+    """Which values XLA keeps in memory: not those fused between elementwise ops.
+
+    Transposes read only by dots are not (``folded_into_dots``). Values crossing a loop
+    or branch seam are in memory: the loop state, and the slices
+    a body reads from stacked xs or writes into stacked ys, every iteration. So are the
+    results of expensive ops read by several nodes (XLA computes them once), and what a
+    reduction does not fuse (``kept_from_reduction``)."""
+    outputs = set(v for v in graph.outputs if v is not None)
+
+    def seam(node_id):
+        return graph.nodes[node_id].kind == "boundary"
+    flags = []
+    for value in graph.values:
+        if folded_into_dots(graph, value):
+            flags.append(False)
+            continue
+        producer = einsums[value.producer]
+        if (producer is None or not producer.fusible or value.id in outputs
+                or seam(value.producer)):
+            flags.append(True)
+            continue
+        users = {u for u, _ in graph.users[value.id]}
+        flags.append(any(einsums[u] is None or not einsums[u].fusible or seam(u) for u in users)
+                     or expensive(graph.nodes[value.producer]) and len(users) > 1)
+    feeds, statistics = feeds_reductions(graph, einsums), statistics_of(graph, einsums)
+    squared = feeds_reductions(graph, einsums, unary_only=True)
+    for value in graph.values:
+        if feeds[value.id] and not flags[value.id]:
+            flags[value.id] = kept_from_reduction(graph, graph.nodes[value.producer], value,
+                                                  einsums, statistics, squared[value.id])
+    return flags
+
+
+# Elementwise primitives XLA will not compute twice: fused into one consumer only, so a
+# result read by several (a tanh kept for the backward pass) is written to memory.
+EXPENSIVE = frozenset({"exp", "exp2", "expm1", "log", "log1p", "logistic", "tanh", "sqrt",
+                       "rsqrt", "cbrt", "pow", "erf", "erfc", "erf_inv", "atan2", "acos",
+                       "asin", "atan", "acosh", "asinh", "atanh", "cosh", "sinh", "lgamma",
+                       "digamma"})
+
+
+def expensive(node: Node) -> bool:
+    if node.primitive == "div":   # XLA: a float division is expensive, an integer one not
+        return not all(np.issubdtype(d, np.integer) for d in node.operand_dtypes)
+    return node.primitive in EXPENSIVE
+
+
+REDUCTION_PRIMITIVES = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod",
+                                  "argmax", "argmin"})
+
+
+def feeds_reductions(graph: Graph, einsums, unary_only: bool = False) -> list[bool]:
+    """Per value: read by a reduction, directly or through elementwise (fusible) nodes;
+    with ``unary_only``, through nodes reading nothing else (a square)."""
+    reduces = [node.primitive in REDUCTION_PRIMITIVES for node in graph.nodes]
+    fused = [node.kind == "eqn" and einsum is not None and einsum.fusible
+             and (not unary_only or sum(v is not None for v in node.operands) == 1)
+             for node, einsum in zip(graph.nodes, einsums)]
+    feeds = [False] * len(graph.values)
+    for value in reversed(graph.values):
+        for user, _ in graph.users[value.id]:
+            if reduces[user] or fused[user] and any(feeds[o] for o in graph.nodes[user].outputs):
+                feeds[value.id] = True
+                break
+    return feeds
+
+
+def statistics_of(graph: Graph, einsums) -> list[bool]:
+    """Per value: computed from a reduction's result by elementwise ops (a mean, a
+    variance, an inverse norm)."""
+    flags = []
+    for value in graph.values:
+        node = graph.nodes[value.producer]
+        fused = node.kind == "eqn" and einsums[node.id] is not None and einsums[node.id].fusible
+        flags.append(node.primitive in REDUCTION_PRIMITIVES
+                     or fused and any(v is not None and flags[v] for v in node.operands))
+    return flags
+
+
+def spreads(graph: Graph, node: Node, value, einsums) -> bool:
+    """Whether ``value`` spreads smaller arrays over a bigger shape: a broadcast, or an
+    elementwise op all of whose array operands are smaller (rsqrt[b, t, 1] * scale[d])."""
+    einsum = einsums[node.id]
+    if node.kind != "eqn" or einsum is None or not einsum.fusible:
+        return False
+    sizes = [math.prod(graph.values[v].shape) for v in node.operands if v is not None]
+    if node.primitive == "broadcast_in_dim":
+        return bool(sizes) and sizes[0] < math.prod(value.shape)
+    return bool(sizes) and max(sizes) < math.prod(value.shape)
+
+
+def kept_from_reduction(graph: Graph, node: Node, value, einsums, statistics,
+                        squared: bool) -> bool:
+    """Whether XLA keeps in memory a value a reduction reads through fused elementwise
+    ops. The reduction takes the elementwise chain in, but not a broadcast (the norm scale
+    or the inverse norm, spread over the activation), nor an activation centred on one of
+    its statistics (x - mean), nor an op combining two activations that other nodes read
+    too when the reduction reads it through ops of one operand (the residual sum a norm
+    squares): those are written to memory, often for the backward pass."""
+    if spreads(graph, node, value, einsums):
+        return True
+    if node.kind != "eqn" or einsums[node.id] is None or not einsums[node.id].fusible:
+        return False
+    size = math.prod(value.shape)
+    operands = [graph.values[v] for v in node.operands if v is not None]
+    if node.primitive in ("sub", "add") and any(
+            math.prod(v.shape) < size and statistics[v.id] for v in operands):
+        return True
+    full = [v for v in operands if math.prod(v.shape) == size]
+    return squared and len(full) >= 2 and len({u for u, _ in graph.users[value.id]}) > 1
+
+
+# -- the combiner: which collectives XLA merges into one -------------------------------
+
+CONTRACTIONS = ("dot_general", "conv_general_dilated")
+
+
+def loop_scope(node: Node) -> tuple:
+    """The key of the innermost loop body holding ``node`` (``()`` outside any loop).
+    A loop body is a computation of its own: XLA combines collectives within it, once
+    per iteration, never with those outside. Loop seams belong to the outside."""
+    key = node.key
+    for i in range(len(key) - 1, -1, -1):
+        if key[i] == "body":
+            return key[:i + 1]
+    return ()
+
+
+def trailing_nodes(graph: Graph) -> list[bool]:
+    """Nodes no contraction of their own computation depends on (weight gradients feeding
+    an optimizer update, or a scan's per-layer gradients stacked by loop_ys): their
+    collectives are independent of each other, so XLA's combiner merges them.
+
+    A value entering a loop body, or carried to its next iteration, feeds the body's
+    contractions; one stacked by loop_ys leaves the iteration that made it."""
+    scopes = [loop_scope(node) for node in graph.nodes]
+    trailing = [True] * len(graph.nodes)
+    for node in reversed(graph.nodes):
+        for value_id in node.outputs:
+            for user, _ in graph.users[value_id]:
+                u = graph.nodes[user]
+                if scopes[user] != scopes[node.id]:
+                    leaves = u.primitive == "loop_ys" and len(scopes[user]) < len(scopes[node.id])
+                    if not leaves:
+                        trailing[node.id] = False
+                elif u.primitive in CONTRACTIONS or not trailing[user]:
+                    trailing[node.id] = False
+    return trailing
+
+
+def reduction_waves(graph: Graph, strategies: Sequence[Sequence[Strategy]]) -> list[int]:
+    """Per node, how many nodes that may reduce across devices precede it on the longest
+    path within its computation. Two reducing nodes of one wave depend on neither: XLA's
+    combiner merges their like collectives into one (the input gradients of q, k and v
+    summed after three row-parallel dots)."""
+    scopes = [loop_scope(node) for node in graph.nodes]
+    reducing: dict[int, bool] = {}   # identical nodes share their strategies
+    for found in strategies:
+        if id(found) not in reducing:
+            reducing[id(found)] = any(c.kind in ("all-reduce", "reduce-scatter")
+                                      for s in found for c in s.collectives)
+    reduces = [reducing[id(found)] for found in strategies]
+    wave = [0] * len(graph.nodes)
+    for node in graph.nodes:
+        for v in node.operands:
+            if v is None:
+                continue
+            p = graph.values[v].producer
+            if scopes[p] == scopes[node.id]:
+                wave[node.id] = max(wave[node.id], wave[p] + reduces[p])
+    return wave
+
+
+def trailing_ancestors(graph: Graph, strategies: Sequence[Sequence[Strategy]],
+                       trailing: Sequence[bool]) -> list[dict]:
+    """Per trailing node, per combined collective (kind, axes): the trailing nodes of its
+    computation before it that may make that collective. XLA's combiner merges like
+    collectives none of which depends on another: an all-reduced input gradient of the
+    first layer and a layer norm's statistic summed from it run as two, however late; the
+    loss's sum over the batch joins the weight gradients, on no collective of its kind."""
+    scopes = [loop_scope(node) for node in graph.nodes]
+    kinds: dict[int, frozenset] = {}   # identical nodes share their strategies
+    before: list[dict] = [{} for _ in graph.nodes]
+    for node in graph.nodes:
+        if not trailing[node.id]:
+            continue
+        merged = before[node.id]
+        for v in node.operands:
+            if v is None:
+                continue
+            p = graph.values[v].producer
+            if not trailing[p] or scopes[p] != scopes[node.id]:
+                continue
+            found = strategies[p]
+            if id(found) not in kinds:
+                kinds[id(found)] = frozenset(k for s in found for k in s.combined)
+            for key, nodes in before[p].items():
+                merged[key] = merged[key] | nodes if key in merged else nodes
+            for key in kinds[id(found)]:
+                merged[key] = merged.get(key, frozenset()) | {p}
+    return before
