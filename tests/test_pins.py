@@ -96,7 +96,8 @@ def test_small_donated_argument_pinned_alone_is_left_unaliased(mesh_2d):
         plan = autoshard.plan(adam_step, *args, mesh=mesh_2d, pins={path: P("model")},
                               donate_argnums=(0, 1), cache=False, progress=False)
     assert spec(plan, path) == P("model")
-    compiled = plan.jit().lower(*args).compile()
+    with pytest.warns(UserWarning, match="donated buffers were not usable"):   # jax's
+        compiled = plan.jit().lower(*args).compile()
     memory = compiled.memory_analysis()
     assert plan.memory_parts["outputs"] == memory.output_size_in_bytes - memory.alias_size_in_bytes
     assert plan.memory_parts["outputs"] >= 64 * 4
