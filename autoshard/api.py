@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import os
 import time
+import warnings
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -257,6 +258,52 @@ def pin_donated_arguments(graph, pinned: dict[int, specs.Spec],
     return pinned
 
 
+def unkept_donations(cg: CostGraph, donated: Sequence[tuple[int, int]],
+                     user_pinned: Mapping[int, specs.Spec]) -> list[tuple[int, int]]:
+    """Donated pairs whose argument the user pinned (and not its output) that no plan
+    can keep tied: the group writing their outputs has no strategy giving each output
+    its argument's spec. A small argument (kept whole unless pinned) pinned split, say
+    Adam's first moment of a norm scale, whose output is computed in one group with the
+    second moment's, which stays whole: the user's pin wins, and that buffer is not
+    aliased (XLA aliases only buffers sharded alike; jax warns that the donated buffer
+    was not usable). Pairs are dropped in order until the rest fit together."""
+    graph = cg.space.graph
+    tied = [(k, a) for k, a in donated if graph.output_nodes[k] is not None]
+    by_group: dict[int, list] = {}
+    for pair, tie in zip(tied, cg.ties):   # one tie per pair with an output node
+        allowed = np.isin(tie.keys_v, tie.keys_u)
+        by_group.setdefault(tie.v, []).append((pair, allowed))
+    pinned_alone = {(k, a) for k, a in tied
+                    if a in user_pinned and graph.output_nodes[k] not in user_pinned}
+    unkept = []
+    for entries in by_group.values():
+        kept = np.ones(len(entries[0][1]), bool)
+        for pair, allowed in entries:
+            if pair not in pinned_alone:
+                kept &= allowed
+        if not kept.any():
+            continue   # not the pins' doing: the solver reports it
+        for pair, allowed in entries:
+            if pair in pinned_alone:
+                if (kept & allowed).any():
+                    kept &= allowed
+                else:
+                    unkept.append(pair)
+    return sorted(unkept)
+
+
+def warn_unaliased(graph, unkept: Sequence[tuple[int, int]], pinned) -> None:
+    for k, arg_node in unkept:
+        arg_path = graph.arg_paths[graph.arg_nodes.index(arg_node)]
+        warnings.warn(
+            f"the donated argument {arg_path!r} is pinned to "
+            f"{specs.spec_str(pinned[arg_node])}, but no plan writes {graph.out_paths[k]!r} "
+            "back in that spec (the outputs computed with it keep their own donated "
+            "arguments' specs): XLA will not alias that buffer (jax warns the donated "
+            "buffer was not usable), and the plan counts the output's own bytes; pin the "
+            "output too, or those other arguments, to keep it aliased", stacklevel=4)
+
+
 def donation_budget_error(graph, donated, budget: float, smallest_bytes: float,
                           sizes) -> MemoryBudgetError:
     """No plan fits the budget once each donated argument keeps its output's spec, though
@@ -381,6 +428,7 @@ def solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s,
     if active_pipeline() is not None:   # the stage dims the pipeline put on its axis
         pinned.update(constraint_pins(graph, active_pipeline().axis))
     donated = donated_pairs(graph, tuple(donate_argnums))
+    user_pinned = pinned
     pinned = pin_donated_arguments(graph, pinned, donated)
     backend = Backend.of(mesh)
     space = build_strategies(graph, sizes, hw, pinned, backend.combined,
@@ -392,6 +440,11 @@ def solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s,
     for share in (False, True):
         show.stage(f"pricing {space.num_strategies()} strategies")
         cg = build_cost_graph(space, donated, backend.native_reduce_scatter, share)
+        unkept = unkept_donations(cg, donated, user_pinned)
+        if unkept:   # not aliased: each such output takes its own buffer
+            warn_unaliased(graph, unkept, pinned)
+            donated = [pair for pair in donated if pair not in unkept]
+            cg = build_cost_graph(space, donated, backend.native_reduce_scatter, share)
         request = build_request(cg, budget, time_limit_s)
         costed = time.perf_counter()
         floor = memory_floor(request)
