@@ -377,18 +377,23 @@ def replica_candidates(base, size: int, sizes: dict) -> list[tuple[str, ...]]:
 
 
 def plan_with_pipeline(plan_fn: Callable, fn: Callable, args, mesh, pipeline: str,
-                       microbatches, remat=None):
+                       microbatches, remat=None, repeats=None):
     """The plan of ``fn`` with its marked loss's layer stack pipelined over mesh axis
     ``pipeline`` (``"auto"``: each axis, and no pipeline), the whole axis a stage each, in
-    ``microbatches`` microbatches (``"auto"`` or ``None``: S, 2S and 4S for S stages). The
-    fastest plan within the budget wins; where no pipeline fits, the step accumulates
-    gradients over K = 2, 4, ... pipelined steps of B / K rows each (the fewest that fit)."""
+    ``microbatches`` microbatches (``"auto"`` or ``None``: S, 2S and 4S for S stages), each
+    passing the stages ``repeats`` times (1: GPipe; V >= 2: the circular schedule;
+    ``"auto"``, and ``None`` under ``pipeline="auto"``: GPipe and every power of two V
+    dividing L / S). The fastest plan within the budget wins; where no pipeline fits, the
+    step accumulates gradients over K = 2, 4, ... pipelined steps of B / K rows each (the
+    fewest that fit)."""
     from autoshard.errors import MemoryBudgetError
     sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
     if pipeline != "auto" and pipeline not in sizes:
         raise InputError(f"pipeline names mesh axis {pipeline!r}; the mesh has "
                          f"{list(sizes)} (or pass 'auto')")
     check_microbatches(microbatches)
+    check_repeats(repeats)
+    repeats = "auto" if repeats is None and pipeline == "auto" else repeats or 1
     axes = [pipeline] if pipeline != "auto" else [a for a in sizes if sizes[a] > 1]
     best, failure = None, None
     if pipeline == "auto":
@@ -399,7 +404,8 @@ def plan_with_pipeline(plan_fn: Callable, fn: Callable, args, mesh, pipeline: st
     for steps in (2 ** n for n in range(7)):   # accumulation steps K = 1, 2, 4, ...
         staged, failure, divided = fastest_pipeline(plan_fn, fn, args, mesh, axes, sizes,
                                                     microbatches, remat, steps, failure,
-                                                    strict=pipeline != "auto" and steps == 1)
+                                                    strict=pipeline != "auto" and steps == 1,
+                                                    repeats=repeats)
         if staged is not None and (best is None or staged.cost.total_s < best.cost.total_s):
             best = staged
         if best is not None or not divided or not isinstance(failure, MemoryBudgetError):
@@ -411,12 +417,39 @@ def plan_with_pipeline(plan_fn: Callable, fn: Callable, args, mesh, pipeline: st
     return best
 
 
+def check_repeats(repeats) -> None:
+    """``repeats`` is None, ``"auto"`` or a positive int, or ``InputError``."""
+    if repeats in (None, "auto"):
+        return
+    if (not isinstance(repeats, (int, np.integer)) or isinstance(repeats, bool)
+            or repeats < 1):
+        raise InputError(f"repeats must be None, a positive int (1: GPipe, V >= 2: the "
+                         f"circular schedule) or 'auto', not {repeats!r}")
+
+
+def circular_repeats(layers: int, stages: int, microbatches: int) -> list[int]:
+    """The circular schedule's repeats to weigh: powers of two V >= 2 dividing L / S (a
+    stage runs L / (S V) layers a pass), where there are as many microbatches as stages."""
+    if microbatches < stages or not layers:
+        return []
+    per_stage = layers // stages
+    return [v for v in (2 ** n for n in range(1, per_stage.bit_length()))
+            if per_stage % v == 0]
+
+
+def pipelining(axis: str, stages: int, microbatches: int, repeats: int) -> Pipelining:
+    """GPipe (one repeat) or the circular schedule (``repeats`` >= 2)."""
+    return Pipelining(axis, stages, microbatches, schedule="gpipe" if repeats == 1 else
+                      "circular", repeats=repeats)
+
+
 def fastest_pipeline(plan_fn, fn, args, mesh, axes, sizes, microbatches, remat, steps: int,
-                     failure, strict: bool):
+                     failure, strict: bool, repeats=1):
     """The fastest plan within the budget pipelined over one of ``axes``, accumulated over
     ``steps`` pipelined steps; the last budget failure; and whether any setting traced (a
     stack the stages and microbatches divide). ``strict``: a setting that finds no such
-    stack raises (the one setting asked for), rather than being skipped."""
+    stack raises (the one setting asked for), rather than being skipped. ``repeats="auto"``
+    weighs GPipe, then the circular schedule's repeats the stack's layers divide."""
     from autoshard.errors import MemoryBudgetError
     best, divided = None, False
     for axis in axes:
@@ -424,23 +457,30 @@ def fastest_pipeline(plan_fn, fn, args, mesh, axes, sizes, microbatches, remat, 
         counts = ([int(microbatches)] if microbatches not in (None, "auto")
                   else [stages, 2 * stages, 4 * stages])
         for count, policy in [(c, r) for c in counts for r in remat_choices(remat)]:
-            record = TraceRecord()
-            setting = Microbatching(steps, pipeline=Pipelining(axis, stages, count),
-                                    remat=policy)
-            with microbatching(setting, record, mesh):
-                try:
-                    candidate = plan_fn(fn, *args)
-                except MemoryBudgetError as e:
-                    failure, divided = e, True
+            laps = [1 if repeats == "auto" else int(repeats)]
+            while laps:
+                record = TraceRecord()
+                setting = Microbatching(steps, pipeline=pipelining(axis, stages, count,
+                                                                   laps.pop(0)),
+                                        remat=policy)
+                with microbatching(setting, record, mesh):
+                    try:
+                        candidate = plan_fn(fn, *args)
+                    except MemoryBudgetError as e:
+                        failure, divided = e, True
+                        candidate = None
+                    except InputError:
+                        if not strict or len(counts) > 1:
+                            continue   # no stack these stages and microbatches divide
+                        raise
+                layers = record.stack_layers[0] if record.stack_layers else 0
+                if repeats == "auto" and setting.pipeline.repeats == 1:
+                    laps = circular_repeats(layers, stages, count)
+                if candidate is None:
                     continue
-                except InputError:
-                    if not strict or len(counts) > 1:
-                        continue   # no stack these stages and microbatches divide
-                    raise
-            divided = True
-            layers = record.stack_layers[0] if record.stack_layers else 0
-            candidate.microbatching = dataclasses.replace(
-                setting, pipeline=dataclasses.replace(setting.pipeline, layers=layers))
-            if best is None or candidate.cost.total_s < best.cost.total_s:
-                best = candidate
+                divided = True
+                candidate.microbatching = dataclasses.replace(
+                    setting, pipeline=dataclasses.replace(setting.pipeline, layers=layers))
+                if best is None or candidate.cost.total_s < best.cost.total_s:
+                    best = candidate
     return best, failure, divided
