@@ -346,8 +346,10 @@ class Interpreter:
         def stage_step(state, stage_layers, repeat):
             """One stage's layers of its repeat on the microbatch it holds."""
             carry, ride = state[:ncarry], state[ncarry:]
-            if v > 1:   # this repeat's layers of the stage's [V, Lr, ...]
-                stage_layers = [lax.dynamic_index_in_dim(x, repeat, 0, keepdims=False)
+            if v > 1:   # this repeat's layers of the stage's [V, Lr, ...]: a gather
+                # indexing V alone (not a dynamic slice, whose zero starts on the layer's
+                # own dims would keep them whole), so each layer keeps its split
+                stage_layers = [jnp.take(x, repeat, axis=0, mode="clip")
                                 for x in stage_layers]
             all_consts = [None] * nc
             for k, c in zip(riding, ride):
