@@ -395,17 +395,19 @@ def plan_with_pipeline(plan_fn: Callable, fn: Callable, args, mesh, pipeline: st
     check_repeats(repeats)
     repeats = "auto" if repeats is None and pipeline == "auto" else repeats or 1
     axes = [pipeline] if pipeline != "auto" else [a for a in sizes if sizes[a] > 1]
-    best, failure = None, None
+    best, failure, trail = None, None, []
     if pipeline == "auto":
         try:
             best = plan_with_microbatches(plan_fn, fn, args, mesh, microbatches, remat)
+            trail = best.solver.get("settings", [])
         except MemoryBudgetError as e:
             failure = e
     for steps in (2 ** n for n in range(7)):   # accumulation steps K = 1, 2, 4, ...
         staged, failure, divided = fastest_pipeline(plan_fn, fn, args, mesh, axes, sizes,
                                                     microbatches, remat, steps, failure,
                                                     strict=pipeline != "auto" and steps == 1,
-                                                    repeats=repeats)
+                                                    repeats=repeats, trail=trail,
+                                                    beat=_seconds(best))
         if staged is not None and (best is None or staged.cost.total_s < best.cost.total_s):
             best = staged
         if best is not None or not divided or not isinstance(failure, MemoryBudgetError):
@@ -414,6 +416,7 @@ def plan_with_pipeline(plan_fn: Callable, fn: Callable, args, mesh, pipeline: st
         if failure is not None:
             raise failure
         raise InputError(f"no layer stack of the marked loss pipelines over {axes}")
+    best.solver["settings"] = trail
     return best
 
 
@@ -444,13 +447,18 @@ def pipelining(axis: str, stages: int, microbatches: int, repeats: int) -> Pipel
 
 
 def fastest_pipeline(plan_fn, fn, args, mesh, axes, sizes, microbatches, remat, steps: int,
-                     failure, strict: bool, repeats=1):
+                     failure, strict: bool, repeats=1, trail: list | None = None,
+                     beat: float | None = None):
     """The fastest plan within the budget pipelined over one of ``axes``, accumulated over
     ``steps`` pipelined steps; the last budget failure; and whether any setting traced (a
     stack the stages and microbatches divide). ``strict``: a setting that finds no such
     stack raises (the one setting asked for), rather than being skipped. ``repeats="auto"``
-    weighs GPipe, then the circular schedule's repeats the stack's layers divide."""
+    weighs GPipe, then the circular schedule's repeats the stack's layers divide.
+    ``trail`` hears each setting planned, as ``plan.solver["settings"]`` lists them. A
+    setting that cannot beat ``beat`` seconds or the fastest so far is dropped after one
+    LP (``seconds_to_beat``)."""
     from autoshard.errors import MemoryBudgetError
+    from autoshard.solve import CannotBeat
     best, divided = None, False
     for axis in axes:
         stages = sizes[axis]
@@ -463,17 +471,29 @@ def fastest_pipeline(plan_fn, fn, args, mesh, axes, sizes, microbatches, remat, 
                 setting = Microbatching(steps, pipeline=pipelining(axis, stages, count,
                                                                    laps.pop(0)),
                                         remat=policy)
+                started, outcome = time.perf_counter(), "fits"
+                to_beat = _seconds(best) if beat is None else min(beat, _seconds(best) or beat)
+                token = _TO_BEAT.set(to_beat)
                 with microbatching(setting, record, mesh):
                     try:
                         candidate = plan_fn(fn, *args)
                     except MemoryBudgetError as e:
                         failure, divided = e, True
                         candidate = None
+                        outcome = f"over budget: at least {e.smallest_bytes:.4g} bytes"
+                    except CannotBeat as e:
+                        candidate, divided = None, True
+                        outcome = f"cannot beat {to_beat:.6g} s: at least {e.lower_bound:.6g} s"
                     except InputError:
                         if not strict or len(counts) > 1:
                             continue   # no stack these stages and microbatches divide
                         raise
+                    finally:
+                        _TO_BEAT.reset(token)
                 layers = record.stack_layers[0] if record.stack_layers else 0
+                if trail is not None:
+                    trail.append(pipeline_trail(setting, layers, outcome, candidate,
+                                                time.perf_counter() - started))
                 if repeats == "auto" and setting.pipeline.repeats == 1:
                     laps = circular_repeats(layers, stages, count)
                 if candidate is None:
@@ -484,3 +504,14 @@ def fastest_pipeline(plan_fn, fn, args, mesh, axes, sizes, microbatches, remat, 
                 if best is None or candidate.cost.total_s < best.cost.total_s:
                     best = candidate
     return best, failure, divided
+
+
+def pipeline_trail(setting: Microbatching, layers: int, outcome: str, found,
+                   plan_s: float) -> dict:
+    """A pipelined setting tried, as ``plan.solver["settings"]`` lists settings."""
+    staged = dataclasses.replace(setting.pipeline, layers=layers)
+    return {"setting": f"{describe(setting)}; {staged.describe()}", "outcome": outcome,
+            "microbatches": setting.microbatches, "replica_axes": [],
+            "remat": setting.remat, "pipeline": staged.axis, "schedule": staged.schedule,
+            "repeats": staged.repeats, "pipeline_microbatches": staged.microbatches,
+            "step_s": None if found is None else found.cost.total_s, "plan_s": plan_s}

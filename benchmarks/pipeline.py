@@ -97,6 +97,12 @@ def gpt_part(args) -> None:
           f"{staged_s:.1f} s)")
     print(f"auto plan: {auto.pipeline.describe() if auto.pipeline else 'no pipeline'}"
           + (f"; {auto.microbatching}" if auto.microbatching else ""))
+    print("pipelines the auto plan weighed (predicted step):")
+    for tried in auto.solver.get("settings", []):
+        if "schedule" in tried:
+            step = f"{tried['step_s'] * 1e3:.2f} ms" if tried["step_s"] is not None else ""
+            print(f"  {tried['pipeline']:6} {tried['schedule']:9} M={tried['pipeline_microbatches']:<3}"
+                  f"V={tried['repeats']:<2} {step:>10}  {tried['outcome']}")
     for name, plan in plans.items():
         if plan.pipeline:
             print(f"\n{name}: {plan.pipeline.describe()}")

@@ -242,7 +242,8 @@ def test_forced_pipeline_matches_single_device(stack_args, mesh_2d):
 
 def test_auto_pipeline_is_the_fastest_candidate_and_matches(stack_args, mesh_2d):
     expected = jax.jit(stack_step)(*stack_args)
-    plan_ = plan_stack(stack_args, mesh_2d, pipeline="auto")
+    plan_ = plan_stack(stack_args, mesh_2d, pipeline="auto")   # both schedules weighed
+    assert any(t.get("schedule") == "circular" for t in plan_.solver.get("settings", []))
     assert_matches(plan_.jit()(*stack_args), expected)
     for other in (plan_stack(stack_args, mesh_2d),
                   plan_stack(stack_args, mesh_2d, pipeline="data", microbatches=4)):
@@ -371,6 +372,21 @@ def test_auto_repeats_weigh_gpipe_and_circular(stack_args, mesh_2d):
     for forced in (1, 2, 4):
         assert chosen.cost.total_s <= planned(forced).cost.total_s * (1 + 1e-9)
     assert_matches(chosen.jit()(*stack_args), jax.jit(stack_step)(*stack_args))
+
+
+@pytest.mark.slow
+def test_circular_settings_match_and_price_their_memory(stack_args, mesh_2d):
+    """Across microbatches and repeats: the step matches one device, the loop runs
+    M V + S - 1 times with only the shift crossing the stage axis, and the predicted
+    memory (the store of microbatches, each step's residuals) is XLA's within 5 %."""
+    expected = jax.jit(stack_step)(*stack_args)
+    for m, v in ((2, 2), (4, 4), (8, 2)):
+        plan_ = plan_stack(stack_args, mesh_2d, pipeline="data", microbatches=m, repeats=v)
+        assert plan_.pipeline.iterations == m * v + 1
+        assert_matches(plan_.jit()(*stack_args), expected)
+        assert_only_the_shift_crosses_stages(plan_, stack_args)
+        compiled = compiled_report(plan_, stack_args).memory_bytes
+        assert plan_.cost.memory_bytes == pytest.approx(compiled, rel=0.05)
 
 
 def test_repeats_need_a_pipeline_and_a_count(stack_args, mesh_2d):
