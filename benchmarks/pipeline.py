@@ -101,8 +101,9 @@ def gpt_part(args) -> None:
     for tried in auto.solver.get("settings", []):
         if "schedule" in tried:
             step = f"{tried['step_s'] * 1e3:.2f} ms" if tried["step_s"] is not None else ""
-            print(f"  {tried['pipeline']:6} {tried['schedule']:9} M={tried['pipeline_microbatches']:<3}"
-                  f"V={tried['repeats']:<2} {step:>10}  {tried['outcome']}")
+            print(f"  {tried['pipeline']:6} {tried['schedule']:9} "
+                  f"M={tried['pipeline_microbatches']:<3}V={tried['repeats']:<2} {step:>10}  "
+                  f"{tried['outcome']}")
     for name, plan in plans.items():
         if plan.pipeline:
             print(f"\n{name}: {plan.pipeline.describe()}")

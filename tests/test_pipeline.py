@@ -323,9 +323,9 @@ def test_circular_schedule_arithmetic():
         assert idle / (s * p.iterations) == pytest.approx(p.bubble_fraction)
     gpipe = Pipelining("data", stages=4, microbatches=8, layers=16)
     assert gpipe.bubble_fraction > Pipelining("data", 4, 8, 16, "circular", 2).bubble_fraction
-    for bad in (dict(schedule="circular", repeats=1), dict(schedule="gpipe", repeats=2),
-                dict(schedule="circular", repeats=2, microbatches=2),
-                dict(schedule="interleaved", repeats=2)):
+    for bad in ({"schedule": "circular", "repeats": 1}, {"schedule": "gpipe", "repeats": 2},
+                {"schedule": "circular", "repeats": 2, "microbatches": 2},
+                {"schedule": "interleaved", "repeats": 2}):
         with pytest.raises(autoshard.InputError):
             Pipelining("data", **{"stages": 4, "microbatches": 8, **bad})
 
