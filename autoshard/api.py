@@ -22,7 +22,7 @@ from autoshard.cache import PLANS, cache_dir, plan_key
 from autoshard.coarsen import coarsen
 from autoshard.cost import (TIEBREAK_SECONDS_PER_BYTE, CostGraph, build_cost_graph,
                             operand_reshard_seconds)
-from autoshard.errors import MemoryBudgetError, PinError
+from autoshard.errors import InputError, MemoryBudgetError, PinError
 from autoshard.hardware import Backend, Hardware, default_hardware
 from autoshard.mesh import as_auto_mesh
 from autoshard.plan import ArgumentInfo, Plan, PlanCost, PlannedProgram, program_fingerprint
@@ -323,7 +323,8 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
          reuse: bool = True, cache: bool = True,
          cache_directory: str | os.PathLike | None = None,
          progress: bool | None = None, microbatches: int | str | None = None,
-         pipeline: str | None = None, remat: str | None = None) -> Plan:
+         pipeline: str | None = None, remat: str | None = None,
+         repeats: int | str | None = None) -> Plan:
     """Plan how to shard ``fn`` at ``args`` over ``mesh``.
 
     Args:
@@ -353,9 +354,14 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
         step; ``"auto"`` takes the fastest K within the budget; ``None`` (default) plans
         the program as written.
       pipeline: a mesh axis to run the marked loss's layer stack (its longest ``lax.scan``
-        over stacked layers) as a GPipe pipeline over, a stage per device of that axis, in
+        over stacked layers) as a pipeline over, a stage per device of that axis, in
         ``microbatches`` microbatches; ``"auto"`` also weighs each axis against no
-        pipeline. See ``plan.pipeline``.
+        pipeline, and GPipe against the circular schedule. See ``plan.pipeline``.
+      repeats: the pipeline's schedule: ``1`` is GPipe (each microbatch passes the S stages
+        once); ``V >= 2`` the circular schedule (V passes of L / (S V) layers a stage, a
+        bubble of (S - 1) / (M V + S - 1), V times the stage transfers; needs M >= S);
+        ``"auto"`` weighs GPipe and each power of two V dividing L / S. ``None``
+        (default): GPipe for a named axis, ``"auto"`` under ``pipeline="auto"``.
       remat: the marked loss's layer stack under ``jax.checkpoint``: ``"dots_saveable"``
         (keep dot outputs), ``"nothing_saveable"`` (recompute all), or ``"auto"`` (each and
         neither, priced jointly with ``microbatches`` and ``pipeline``).
@@ -371,6 +377,9 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
                           donate_argnums=donate_argnums, time_limit_s=time_limit_s, reuse=reuse,
                           cache=cache, cache_directory=cache_directory, progress=progress,
                           num_args=len(args))
+    if repeats is not None and pipeline is None:
+        raise InputError(f"repeats={repeats!r} sets a pipeline's schedule: pass pipeline= "
+                         "too")
     if microbatches is not None or pipeline is not None or remat is not None:
         from autoshard.accumulate import plan_with_microbatches, plan_with_pipeline
         one = functools.partial(plan, mesh=mesh, hardware=hardware, memory_budget=memory_budget,
@@ -379,7 +388,7 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
                                 cache_directory=cache_directory, progress=progress)
         if pipeline is not None:
             return plan_with_pipeline(one, fn, args, as_auto_mesh(mesh), pipeline, microbatches,
-                                      remat)
+                                      remat, repeats)
         return plan_with_microbatches(one, fn, args, as_auto_mesh(mesh), microbatches, remat)
     started = time.perf_counter()
     donate_argnums = validate.argnums("donate_argnums", donate_argnums)
@@ -567,10 +576,11 @@ def auto_shard(fn: Callable | None = None, *, mesh: Mesh, hardware: Hardware | N
                reuse: bool = True, cache: bool = True,
                cache_directory: str | os.PathLike | None = None,
                progress: bool | None = None, microbatches: int | str | None = None,
-               pipeline: str | None = None, remat: str | None = None):
+               pipeline: str | None = None, remat: str | None = None,
+               repeats: int | str | None = None):
     """Decorator: shard ``fn`` automatically over ``mesh``; plans on the first call.
-    Every keyword is ``autoshard.plan``'s (``microbatches``, ``pipeline`` and ``remat``
-    apply to a loss marked by ``autoshard.value_and_grad``).
+    Every keyword is ``autoshard.plan``'s (``microbatches``, ``pipeline``, ``repeats``
+    and ``remat`` apply to a loss marked by ``autoshard.value_and_grad``).
 
     Example::
 
@@ -587,7 +597,7 @@ def auto_shard(fn: Callable | None = None, *, mesh: Mesh, hardware: Hardware | N
                   donate_argnums=donate_argnums, time_limit_s=time_limit_s, reuse=reuse,
                   cache=cache, cache_directory=cache_directory, progress=progress)
     validate.plan_options(**kwargs)
-    kwargs.update(microbatches=microbatches, pipeline=pipeline, remat=remat)
+    kwargs.update(microbatches=microbatches, pipeline=pipeline, remat=remat, repeats=repeats)
     if fn is None:
         return lambda f: AutoSharded(validate.function(f), **kwargs)
     return AutoSharded(validate.function(fn), **kwargs)
