@@ -161,6 +161,9 @@ def test_gather_of_whole_slices_splits_them(mesh_2d):
     jitted = jax.jit(fn, in_shardings=(spec, NamedSharding(mesh_2d, P("data"))),
                      out_shardings=NamedSharding(mesh_2d, P("data", None, "model")))
     assert hlo_report(jitted.lower(w, i).compile(), H100, mesh_2d).count() == 0
+    x = jax.random.normal(jax.random.key(0), w.shape)
+    index = jnp.array([1, 0, 3, -1], jnp.int32)          # out of range: clamped
+    assert jnp.array_equal(jitted(x, index), fn(x, index))
 
 
 def test_scatter_splits_the_indexed_operand_dim():
