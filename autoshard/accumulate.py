@@ -377,29 +377,37 @@ def replica_candidates(base, size: int, sizes: dict) -> list[tuple[str, ...]]:
 
 
 def plan_with_pipeline(plan_fn: Callable, fn: Callable, args, mesh, pipeline: str,
-                       microbatches, remat=None):
+                       microbatches, remat=None, repeats=None):
     """The plan of ``fn`` with its marked loss's layer stack pipelined over mesh axis
     ``pipeline`` (``"auto"``: each axis, and no pipeline), the whole axis a stage each, in
-    ``microbatches`` microbatches (``"auto"`` or ``None``: S, 2S and 4S for S stages). The
-    fastest plan within the budget wins; where no pipeline fits, the step accumulates
-    gradients over K = 2, 4, ... pipelined steps of B / K rows each (the fewest that fit)."""
+    ``microbatches`` microbatches (``"auto"`` or ``None``: S, 2S and 4S for S stages), each
+    passing the stages ``repeats`` times (1: GPipe; V >= 2: the circular schedule;
+    ``"auto"``, and ``None`` under ``pipeline="auto"``: GPipe and every power of two V
+    dividing L / S). The fastest plan within the budget wins; where no pipeline fits, the
+    step accumulates gradients over K = 2, 4, ... pipelined steps of B / K rows each (the
+    fewest that fit)."""
     from autoshard.errors import MemoryBudgetError
     sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
     if pipeline != "auto" and pipeline not in sizes:
         raise InputError(f"pipeline names mesh axis {pipeline!r}; the mesh has "
                          f"{list(sizes)} (or pass 'auto')")
     check_microbatches(microbatches)
+    check_repeats(repeats)
+    repeats = "auto" if repeats is None and pipeline == "auto" else repeats or 1
     axes = [pipeline] if pipeline != "auto" else [a for a in sizes if sizes[a] > 1]
-    best, failure = None, None
+    best, failure, trail = None, None, []
     if pipeline == "auto":
         try:
             best = plan_with_microbatches(plan_fn, fn, args, mesh, microbatches, remat)
+            trail = best.solver.get("settings", [])
         except MemoryBudgetError as e:
             failure = e
     for steps in (2 ** n for n in range(7)):   # accumulation steps K = 1, 2, 4, ...
         staged, failure, divided = fastest_pipeline(plan_fn, fn, args, mesh, axes, sizes,
                                                     microbatches, remat, steps, failure,
-                                                    strict=pipeline != "auto" and steps == 1)
+                                                    strict=pipeline != "auto" and steps == 1,
+                                                    repeats=repeats, trail=trail,
+                                                    beat=_seconds(best))
         if staged is not None and (best is None or staged.cost.total_s < best.cost.total_s):
             best = staged
         if best is not None or not divided or not isinstance(failure, MemoryBudgetError):
@@ -408,39 +416,102 @@ def plan_with_pipeline(plan_fn: Callable, fn: Callable, args, mesh, pipeline: st
         if failure is not None:
             raise failure
         raise InputError(f"no layer stack of the marked loss pipelines over {axes}")
+    best.solver["settings"] = trail
     return best
 
 
+def check_repeats(repeats) -> None:
+    """``repeats`` is None, ``"auto"`` or a positive int, or ``InputError``."""
+    if repeats in (None, "auto"):
+        return
+    if (not isinstance(repeats, (int, np.integer)) or isinstance(repeats, bool)
+            or repeats < 1):
+        raise InputError(f"repeats must be None, a positive int (1: GPipe, V >= 2: the "
+                         f"circular schedule) or 'auto', not {repeats!r}")
+
+
+def circular_repeats(layers: int, stages: int, microbatches: int) -> list[int]:
+    """The circular schedule's repeats to weigh: powers of two V >= 2 dividing L / S (a
+    stage runs L / (S V) layers a pass), where there are as many microbatches as stages."""
+    if microbatches < stages or not layers:
+        return []
+    per_stage = layers // stages
+    return [v for v in (2 ** n for n in range(1, per_stage.bit_length()))
+            if per_stage % v == 0]
+
+
+def pipelining(axis: str, stages: int, microbatches: int, repeats: int) -> Pipelining:
+    """GPipe (one repeat) or the circular schedule (``repeats`` >= 2)."""
+    return Pipelining(axis, stages, microbatches, schedule="gpipe" if repeats == 1 else
+                      "circular", repeats=repeats)
+
+
 def fastest_pipeline(plan_fn, fn, args, mesh, axes, sizes, microbatches, remat, steps: int,
-                     failure, strict: bool):
+                     failure, strict: bool, repeats=1, trail: list | None = None,
+                     beat: float | None = None):
     """The fastest plan within the budget pipelined over one of ``axes``, accumulated over
     ``steps`` pipelined steps; the last budget failure; and whether any setting traced (a
     stack the stages and microbatches divide). ``strict``: a setting that finds no such
-    stack raises (the one setting asked for), rather than being skipped."""
+    stack raises (the one setting asked for), rather than being skipped. ``repeats="auto"``
+    weighs GPipe, then the circular schedule's repeats the stack's layers divide.
+    ``trail`` hears each setting planned, as ``plan.solver["settings"]`` lists them. A
+    setting that cannot beat ``beat`` seconds or the fastest so far is dropped after one
+    LP (``seconds_to_beat``)."""
     from autoshard.errors import MemoryBudgetError
+    from autoshard.solve import CannotBeat
     best, divided = None, False
     for axis in axes:
         stages = sizes[axis]
         counts = ([int(microbatches)] if microbatches not in (None, "auto")
                   else [stages, 2 * stages, 4 * stages])
         for count, policy in [(c, r) for c in counts for r in remat_choices(remat)]:
-            record = TraceRecord()
-            setting = Microbatching(steps, pipeline=Pipelining(axis, stages, count),
-                                    remat=policy)
-            with microbatching(setting, record, mesh):
-                try:
-                    candidate = plan_fn(fn, *args)
-                except MemoryBudgetError as e:
-                    failure, divided = e, True
+            laps = [1 if repeats == "auto" else int(repeats)]
+            while laps:
+                record = TraceRecord()
+                setting = Microbatching(steps, pipeline=pipelining(axis, stages, count,
+                                                                   laps.pop(0)),
+                                        remat=policy)
+                started, outcome = time.perf_counter(), "fits"
+                to_beat = _seconds(best) if beat is None else min(beat, _seconds(best) or beat)
+                token = _TO_BEAT.set(to_beat)
+                with microbatching(setting, record, mesh):
+                    try:
+                        candidate = plan_fn(fn, *args)
+                    except MemoryBudgetError as e:
+                        failure, divided = e, True
+                        candidate = None
+                        outcome = f"over budget: at least {e.smallest_bytes:.4g} bytes"
+                    except CannotBeat as e:
+                        candidate, divided = None, True
+                        outcome = f"cannot beat {to_beat:.6g} s: at least {e.lower_bound:.6g} s"
+                    except InputError:
+                        if not strict or len(counts) > 1:
+                            continue   # no stack these stages and microbatches divide
+                        raise
+                    finally:
+                        _TO_BEAT.reset(token)
+                layers = record.stack_layers[0] if record.stack_layers else 0
+                if trail is not None:
+                    trail.append(pipeline_trail(setting, layers, outcome, candidate,
+                                                time.perf_counter() - started))
+                if repeats == "auto" and setting.pipeline.repeats == 1:
+                    laps = circular_repeats(layers, stages, count)
+                if candidate is None:
                     continue
-                except InputError:
-                    if not strict or len(counts) > 1:
-                        continue   # no stack these stages and microbatches divide
-                    raise
-            divided = True
-            layers = record.stack_layers[0] if record.stack_layers else 0
-            candidate.microbatching = dataclasses.replace(
-                setting, pipeline=dataclasses.replace(setting.pipeline, layers=layers))
-            if best is None or candidate.cost.total_s < best.cost.total_s:
-                best = candidate
+                divided = True
+                candidate.microbatching = dataclasses.replace(
+                    setting, pipeline=dataclasses.replace(setting.pipeline, layers=layers))
+                if best is None or candidate.cost.total_s < best.cost.total_s:
+                    best = candidate
     return best, failure, divided
+
+
+def pipeline_trail(setting: Microbatching, layers: int, outcome: str, found,
+                   plan_s: float) -> dict:
+    """A pipelined setting tried, as ``plan.solver["settings"]`` lists settings."""
+    staged = dataclasses.replace(setting.pipeline, layers=layers)
+    return {"setting": f"{describe(setting)}; {staged.describe()}", "outcome": outcome,
+            "microbatches": setting.microbatches, "replica_axes": [],
+            "remat": setting.remat, "pipeline": staged.axis, "schedule": staged.schedule,
+            "repeats": staged.repeats, "pipeline_microbatches": staged.microbatches,
+            "step_s": None if found is None else found.cost.total_s, "plan_s": plan_s}

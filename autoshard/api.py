@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import os
 import time
+import warnings
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -20,7 +21,7 @@ from autoshard.breakdown import cost_breakdown, memory_parts
 from autoshard.cache import PLANS, cache_dir, plan_key
 from autoshard.coarsen import coarsen
 from autoshard.cost import CostGraph, build_cost_graph, operand_reshard_seconds
-from autoshard.errors import MemoryBudgetError, PinError
+from autoshard.errors import InputError, MemoryBudgetError, PinError
 from autoshard.hardware import Backend, Hardware, default_hardware
 from autoshard.mesh import as_auto_mesh
 from autoshard.plan import ArgumentInfo, Plan, PlanCost, PlannedProgram, program_fingerprint
@@ -243,6 +244,52 @@ def pin_donated_arguments(graph, pinned: dict[int, specs.Spec],
     return pinned
 
 
+def unkept_donations(cg: CostGraph, donated: Sequence[tuple[int, int]],
+                     user_pinned: Mapping[int, specs.Spec]) -> list[tuple[int, int]]:
+    """Donated pairs whose argument the user pinned (and not its output) that no plan
+    can keep tied: the group writing their outputs has no strategy giving each output
+    its argument's spec. A small argument (kept whole unless pinned) pinned split, say
+    Adam's first moment of a norm scale, whose output is computed in one group with the
+    second moment's, which stays whole: the user's pin wins, and that buffer is not
+    aliased (XLA aliases only buffers sharded alike; jax warns that the donated buffer
+    was not usable). Pairs are dropped in order until the rest fit together."""
+    graph = cg.space.graph
+    tied = [(k, a) for k, a in donated if graph.output_nodes[k] is not None]
+    by_group: dict[int, list] = {}
+    for pair, tie in zip(tied, cg.ties):   # one tie per pair with an output node
+        allowed = np.isin(tie.keys_v, tie.keys_u)
+        by_group.setdefault(tie.v, []).append((pair, allowed))
+    pinned_alone = {(k, a) for k, a in tied
+                    if a in user_pinned and graph.output_nodes[k] not in user_pinned}
+    unkept = []
+    for entries in by_group.values():
+        kept = np.ones(len(entries[0][1]), bool)
+        for pair, allowed in entries:
+            if pair not in pinned_alone:
+                kept &= allowed
+        if not kept.any():
+            continue   # not the pins' doing: the solver reports it
+        for pair, allowed in entries:
+            if pair in pinned_alone:
+                if (kept & allowed).any():
+                    kept &= allowed
+                else:
+                    unkept.append(pair)
+    return sorted(unkept)
+
+
+def warn_unaliased(graph, unkept: Sequence[tuple[int, int]], pinned) -> None:
+    for k, arg_node in unkept:
+        arg_path = graph.arg_paths[graph.arg_nodes.index(arg_node)]
+        warnings.warn(
+            f"the donated argument {arg_path!r} is pinned to "
+            f"{specs.spec_str(pinned[arg_node])}, but no plan writes {graph.out_paths[k]!r} "
+            "back in that spec (the outputs computed with it keep their own donated "
+            "arguments' specs): XLA will not alias that buffer (jax warns the donated "
+            "buffer was not usable), and the plan counts the output's own bytes; pin the "
+            "output too, or those other arguments, to keep it aliased", stacklevel=4)
+
+
 def donation_budget_error(graph, donated, budget: float, smallest_bytes: float,
                           sizes) -> MemoryBudgetError:
     """No plan fits the budget once each donated argument keeps its output's spec, though
@@ -262,7 +309,8 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
          reuse: bool = True, cache: bool = True,
          cache_directory: str | os.PathLike | None = None,
          progress: bool | None = None, microbatches: int | str | None = None,
-         pipeline: str | None = None, remat: str | None = None) -> Plan:
+         pipeline: str | None = None, remat: str | None = None,
+         repeats: int | str | None = None) -> Plan:
     """Plan how to shard ``fn`` at ``args`` over ``mesh``.
 
     Args:
@@ -292,9 +340,14 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
         step; ``"auto"`` takes the fastest K within the budget; ``None`` (default) plans
         the program as written.
       pipeline: a mesh axis to run the marked loss's layer stack (its longest ``lax.scan``
-        over stacked layers) as a GPipe pipeline over, a stage per device of that axis, in
+        over stacked layers) as a pipeline over, a stage per device of that axis, in
         ``microbatches`` microbatches; ``"auto"`` also weighs each axis against no
-        pipeline. See ``plan.pipeline``.
+        pipeline, and GPipe against the circular schedule. See ``plan.pipeline``.
+      repeats: the pipeline's schedule: ``1`` is GPipe (each microbatch passes the S stages
+        once); ``V >= 2`` the circular schedule (V passes of L / (S V) layers a stage, a
+        bubble of (S - 1) / (M V + S - 1), V times the stage transfers; needs M >= S);
+        ``"auto"`` weighs GPipe and each power of two V dividing L / S. ``None``
+        (default): GPipe for a named axis, ``"auto"`` under ``pipeline="auto"``.
       remat: the marked loss's layer stack under ``jax.checkpoint``: ``"dots_saveable"``
         (keep dot outputs), ``"nothing_saveable"`` (recompute all), or ``"auto"`` (each and
         neither, priced jointly with ``microbatches`` and ``pipeline``).
@@ -310,6 +363,9 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
                           donate_argnums=donate_argnums, time_limit_s=time_limit_s, reuse=reuse,
                           cache=cache, cache_directory=cache_directory, progress=progress,
                           num_args=len(args))
+    if repeats is not None and pipeline is None:
+        raise InputError(f"repeats={repeats!r} sets a pipeline's schedule: pass pipeline= "
+                         "too")
     if microbatches is not None or pipeline is not None or remat is not None:
         from autoshard.accumulate import plan_with_microbatches, plan_with_pipeline
         one = functools.partial(plan, mesh=mesh, hardware=hardware, memory_budget=memory_budget,
@@ -318,7 +374,7 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
                                 cache_directory=cache_directory, progress=progress)
         if pipeline is not None:
             return plan_with_pipeline(one, fn, args, as_auto_mesh(mesh), pipeline, microbatches,
-                                      remat)
+                                      remat, repeats)
         return plan_with_microbatches(one, fn, args, as_auto_mesh(mesh), microbatches, remat)
     started = time.perf_counter()
     donate_argnums = validate.argnums("donate_argnums", donate_argnums)
@@ -367,6 +423,7 @@ def solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s,
     if active_pipeline() is not None:   # the stage dims the pipeline put on its axis
         pinned.update(constraint_pins(graph, active_pipeline().axis))
     donated = donated_pairs(graph, tuple(donate_argnums))
+    user_pinned = pinned
     pinned = pin_donated_arguments(graph, pinned, donated)
     backend = Backend.of(mesh)
     space = build_strategies(graph, sizes, hw, pinned, backend.combined,
@@ -378,6 +435,11 @@ def solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s,
     for share in (False, True):
         show.stage(f"pricing {space.num_strategies()} strategies")
         cg = build_cost_graph(space, donated, backend.native_reduce_scatter, share)
+        unkept = unkept_donations(cg, donated, user_pinned)
+        if unkept:   # not aliased: each such output takes its own buffer
+            warn_unaliased(graph, unkept, pinned)
+            donated = [pair for pair in donated if pair not in unkept]
+            cg = build_cost_graph(space, donated, backend.native_reduce_scatter, share)
         request = build_request(cg, budget, time_limit_s)
         costed = time.perf_counter()
         floor = memory_floor(request)
@@ -501,10 +563,11 @@ def auto_shard(fn: Callable | None = None, *, mesh: Mesh, hardware: Hardware | N
                reuse: bool = True, cache: bool = True,
                cache_directory: str | os.PathLike | None = None,
                progress: bool | None = None, microbatches: int | str | None = None,
-               pipeline: str | None = None, remat: str | None = None):
+               pipeline: str | None = None, remat: str | None = None,
+               repeats: int | str | None = None):
     """Decorator: shard ``fn`` automatically over ``mesh``; plans on the first call.
-    Every keyword is ``autoshard.plan``'s (``microbatches``, ``pipeline`` and ``remat``
-    apply to a loss marked by ``autoshard.value_and_grad``).
+    Every keyword is ``autoshard.plan``'s (``microbatches``, ``pipeline``, ``repeats``
+    and ``remat`` apply to a loss marked by ``autoshard.value_and_grad``).
 
     Example::
 
@@ -521,7 +584,7 @@ def auto_shard(fn: Callable | None = None, *, mesh: Mesh, hardware: Hardware | N
                   donate_argnums=donate_argnums, time_limit_s=time_limit_s, reuse=reuse,
                   cache=cache, cache_directory=cache_directory, progress=progress)
     validate.plan_options(**kwargs)
-    kwargs.update(microbatches=microbatches, pipeline=pipeline, remat=remat)
+    kwargs.update(microbatches=microbatches, pipeline=pipeline, remat=remat, repeats=repeats)
     if fn is None:
         return lambda f: AutoSharded(validate.function(f), **kwargs)
     return AutoSharded(validate.function(fn), **kwargs)

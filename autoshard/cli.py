@@ -449,7 +449,8 @@ def zoo(
     microbatches: Optional[str] = typer.Option(
         None, help="gradient accumulation: a count K or 'auto' (fastest K within the budget)"),
     pipeline: Optional[str] = typer.Option(
-        None, help="run the layer stack as a GPipe pipeline over this mesh axis, or 'auto'"),
+        None, help="run the layer stack as a GPipe pipeline over this mesh axis, or 'auto' "
+                   "(each axis, GPipe or circular, or none)"),
 ):
     """Plan, compare, train and check a zoo model on a (simulated) device mesh."""
     if list_models_:

@@ -1,24 +1,34 @@
-"""pipeline: a marked loss's layer stack rewritten into a GSPMD pipeline (GPipe schedule).
+"""pipeline: a marked loss's layer stack rewritten into a GSPMD pipeline, with the GPipe or
+the circular (interleaved) schedule.
 
 The repeated layers are the loss's ``lax.scan`` over stacked layer weights (``[L, ...]``
 leaves of its ``xs``), the one with the most iterations. The rewrite, before the gradient
 is taken (so autodiff writes the backward pass):
 
-- the stack is reshaped to ``[S, L / S, ...]`` and its stage dim sharded over the stage
-  axis (a ``with_sharding_constraint`` the planner keeps, other dims left to it);
+- the stack is reshaped to ``[V, S, L / (S V), ...]`` (V repeats: 1 for GPipe) and its
+  stage dim sharded over the stage axis (a ``with_sharding_constraint`` the planner keeps,
+  other dims left to it): stage s holds layers ``r S Lr + s Lr + j`` for repeat r;
 - the scan's batch-shaped carries and constants (leading dim B) are split into M
   microbatches ``[M, B / M, ...]``;
-- a loop of M + S - 1 iterations runs one stage step ``vmap``-ed over the S stages
+- a loop of M V + S - 1 iterations runs one stage step ``vmap``-ed over the S stages
   (with ``spmd_axis_name``: each layer's activations and weights stay on the stage's
-  devices): stage s applies its L / S layers (unrolled) to the microbatch it holds; then
-  the buffer ``[S, B / M, ...]`` shifts by one stage (``stage_shift``, a roll of the
-  stage-sharded dim: a collective-permute), and microbatch t enters stage 0 from the
-  queue every stage holds, while each stage writes its result into its own output slots
-  (the last stage's are the outputs). Inside the loop only the shift crosses the stage
-  axis, in the forward pass and in the backward pass autodiff writes.
+  devices): stage s applies its L / (S V) layers of the repeat it is in (unrolled) to the
+  microbatch it holds; then the buffer ``[S, B / M, ...]`` shifts by one stage
+  (``stage_shift``, a roll of the stage-sharded dim: a collective-permute), the last
+  stage's result wrapping round to stage 0.
 
-Stage s is busy in iterations s .. s + M - 1 of the M + S - 1: the bubble is
-(S - 1) / (M + S - 1) of each stage's time. Carries without a batch dim (an auxiliary
+Every stage holds a store of M microbatch slots, at first the microbatches themselves:
+stage 0 takes its input from slot ``t mod M`` of its store, and after the shift each
+stage writes what arrived into slot ``(t - S + 1) mod M`` of its own, so stage 0's store
+keeps the last stage's results until their next repeat, and at the end holds the
+outputs. Inside the loop only the shift crosses the stage axis, in the forward pass and in
+the backward pass autodiff writes.
+
+Stage s at iteration t runs pass k = t - s (idle unless 0 <= k < M V): microbatch k mod M
+in repeat k // M. Microbatch m leaves the last stage at iteration (r M + m) + S - 1 and
+re-enters stage 0 at ((r + 1) M + m), so the circular schedule needs M >= S. The bubble
+is (S - 1) / (M V + S - 1) of each stage's time: V times more, V times smaller steps
+shrink it, for V times more stage transfers. Carries without a batch dim (an auxiliary
 loss summed over layers) run per microbatch and are averaged over microbatches.
 """
 
@@ -74,40 +84,76 @@ def _shift_batched(args, dims, *, shift, dimension):
 batching.primitive_batchers[stage_shift_p] = _shift_batched
 
 
+SCHEDULES = ("gpipe", "circular")
+
+
 @dataclasses.dataclass(frozen=True)
 class Pipelining:
-    """A GPipe pipeline: ``stages`` stages over mesh axis ``axis``, ``microbatches`` in
-    flight, ``layers`` repeated layers (``layers / stages`` a stage)."""
+    """A pipeline: ``stages`` stages over mesh axis ``axis``, ``microbatches`` in flight,
+    ``layers`` repeated layers (``layers / stages`` a stage). ``schedule="gpipe"`` passes
+    each microbatch through the stages once; ``"circular"`` passes it ``repeats`` times,
+    a stage running ``layers / (stages * repeats)`` layers a pass."""
 
     axis: str
     stages: int
     microbatches: int
     layers: int = 0
     schedule: str = "gpipe"
+    repeats: int = 1
+
+    def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise InputError(f"pipeline schedule must be one of {SCHEDULES}, not "
+                             f"{self.schedule!r}")
+        if (self.schedule == "gpipe") != (self.repeats == 1) or self.repeats < 1:
+            raise InputError(f"the {self.schedule} schedule takes "
+                             f"{'1 repeat' if self.schedule == 'gpipe' else 'repeats >= 2'}, "
+                             f"not {self.repeats}")
+        if self.schedule == "circular" and self.microbatches < self.stages:
+            raise InputError(f"the circular schedule needs at least as many microbatches as "
+                             f"stages ({self.stages}), not {self.microbatches}")
 
     @property
     def layers_per_stage(self) -> int:
         return self.layers // self.stages
 
     @property
+    def layers_per_pass(self) -> int:
+        """Layers a stage runs on one microbatch in one loop iteration: L / (S V)."""
+        return self.layers // (self.stages * self.repeats)
+
+    @property
+    def passes(self) -> int:
+        """Stage passes of each stage: every microbatch once a repeat, M V."""
+        return self.microbatches * self.repeats
+
+    @property
     def iterations(self) -> int:
-        return self.microbatches + self.stages - 1
+        return self.passes + self.stages - 1
 
     @property
     def bubble_fraction(self) -> float:
-        """The share of each stage's loop spent idle: (S - 1) / (M + S - 1)."""
+        """The share of each stage's loop spent idle: (S - 1) / (M V + S - 1)."""
         return (self.stages - 1) / self.iterations
 
     def describe(self) -> str:
         """One line for ``Plan.summary``."""
+        laps = (f" x {self.repeats} repeats of {self.layers_per_pass} layers"
+                if self.repeats > 1 else "")
         return (f"pipeline over {self.axis!r}: {self.stages} stages x {self.layers_per_stage} "
-                f"layers, {self.microbatches} microbatches, {self.schedule} schedule, "
+                f"layers{laps}, {self.microbatches} microbatches, {self.schedule} schedule, "
                 f"{self.iterations} steps, bubble {self.bubble_fraction:.1%}")
+
+    def work(self, stage: int, step: int) -> tuple[int, int] | None:
+        """(microbatch, repeat) stage ``stage`` works on at loop iteration ``step`` (None:
+        idle): its pass k = step - stage is microbatch k mod M in repeat k // M."""
+        k = step - stage
+        return divmod(k, self.microbatches)[::-1] if 0 <= k < self.passes else None
 
     def busy(self, stage: int, step: int) -> int | None:
         """The microbatch stage ``stage`` works on at loop iteration ``step`` (None: idle)."""
-        m = step - stage
-        return m if 0 <= m < self.microbatches else None
+        found = self.work(stage, step)
+        return None if found is None else found[0]
 
 
 def layer_scans(jaxpr) -> list:
@@ -124,7 +170,8 @@ def layer_scans(jaxpr) -> list:
 
 def stack_scan(jaxpr, batch: int, stages: int, microbatches: int):
     """The scan to pipeline: the longest with stacked xs, no ys, a carry of ``batch``
-    rows, and a length ``stages`` divides; None if there is none."""
+    rows, and a length ``stages`` (the stages times the repeats) divides; None if there is
+    none."""
     best = None
     for eqn in layer_scans(jaxpr):
         p = eqn.params
@@ -166,7 +213,8 @@ def pipelined(fun: Callable, setting: Pipelining | None, mesh, batch_of: Callabl
     ``fun`` at arguments whose batch leaves have B / M rows gives the scan body the stages
     run, and tells which of the scan's operands are batch-shaped (their shapes differ).
     """
-    stages, count = (1, 1) if setting is None else (setting.stages, setting.microbatches)
+    stages, count = (1, 1) if setting is None else (setting.stages * setting.repeats,
+                                                    setting.microbatches)
 
     def run(*args, **kwargs):
         flat, tree = jax.tree.flatten(args)
@@ -179,7 +227,8 @@ def pipelined(fun: Callable, setting: Pipelining | None, mesh, batch_of: Callabl
         if target is None:
             raise InputError(
                 f"no layer stack to {'pipeline' if setting else 'rematerialize'}: the marked "
-                f"loss has no lax.scan over stacked layers whose length {stages} stages "
+                f"loss has no lax.scan over stacked layers whose length {stages} "
+                f"{'stage passes' if setting is not None and setting.repeats > 1 else 'stages'} "
                 f"divide and whose carry holds the batch of {batch} rows in {count} "
                 "microbatches")
         micro_target = None
@@ -267,11 +316,21 @@ class Interpreter:
             x, NamedSharding(self.mesh, PartitionSpec(*[free] * jnp.ndim(x))))
             for x in xs]
 
+    def stage_layers(self, x, length: int):
+        """A stacked layer leaf ``[L, ...]`` as each stage's layers, stage dim first on the
+        stage axis: ``[S, L / S, ...]`` (GPipe), or ``[S, V, L / (S V), ...]`` (circular:
+        stage s's layers of repeat r are ``r S Lr + s Lr + j``)."""
+        s, v = self.setting.stages, self.setting.repeats
+        if v == 1:
+            return self.constrain_stages(x.reshape((s, length // s) + x.shape[1:]))
+        laps = x.reshape((v, s, length // (s * v)) + x.shape[1:])
+        return self.constrain_stages(jnp.swapaxes(laps, 0, 1))
+
     def pipeline(self, eqn, ins) -> list:
         p = eqn.params
         body, body_consts = split_closed(self.micro_target.params["jaxpr"])
         nc, ncarry, length = p["num_consts"], p["num_carry"], p["length"]
-        s, m = self.setting.stages, self.setting.microbatches
+        s, m, v = self.setting.stages, self.setting.microbatches, self.setting.repeats
         consts, init, xs = ins[:nc], ins[nc:nc + ncarry], ins[nc + ncarry:]
         split = [a.aval.shape != b.aval.shape
                  for a, b in zip(eqn.invars, self.micro_target.invars)]
@@ -282,12 +341,16 @@ class Interpreter:
         carried = [to_microbatches(c, m) if split[nc + k] else
                    jnp.broadcast_to(c, (m,) + jnp.shape(c)) for k, c in enumerate(init)]
         travel = carried + [to_microbatches(consts[k], m) for k in riding]
-        stage_xs = [self.constrain_stages(x.reshape((s, length // s) + x.shape[1:]))
-                    for x in xs]
+        stage_xs = [self.stage_layers(x, length) for x in xs]
 
-        def stage_step(state, stage_layers):
-            """One stage's L / S layers on the microbatch it holds."""
+        def stage_step(state, stage_layers, repeat):
+            """One stage's layers of its repeat on the microbatch it holds."""
             carry, ride = state[:ncarry], state[ncarry:]
+            if v > 1:   # this repeat's layers of the stage's [V, Lr, ...]: a gather
+                # indexing V alone (not a dynamic slice, whose zero starts on the layer's
+                # own dims would keep them whole), so each layer keeps its split
+                stage_layers = [jnp.take(x, repeat, axis=0, mode="clip")
+                                for x in stage_layers]
             all_consts = [None] * nc
             for k, c in zip(riding, ride):
                 all_consts[k] = c
@@ -305,42 +368,44 @@ class Interpreter:
             final, _ = lax.scan(one_layer, list(carry), list(stage_layers), unroll=True)
             return list(final) + list(ride)
 
-        # every stage holds the microbatch queue and its own output slots, so that inside
-        # the loop nothing but the buffer's shift crosses the stage axis: stage 0 takes
-        # microbatch t from its copy of the queue, each stage writes what it finished into
-        # its slots, and only the last stage's slots are read after the loop
-        queue = [self.constrain_stages(jnp.broadcast_to(x, (s,) + x.shape)) for x in travel]
+        # every stage holds a store of M microbatch slots, at first the microbatches, so
+        # that inside the loop nothing but the buffer's shift crosses the stage axis: stage
+        # 0 takes slot t mod M of its store, and each stage writes what the shift brought
+        # it into its own store; stage 0's store keeps the last stage's results for their
+        # next repeat, and after the loop holds the outputs
+        store = [self.constrain_stages(jnp.broadcast_to(x, (s,) + x.shape)) for x in travel]
         buffer = [self.constrain_stages(jnp.zeros((s,) + t.shape[1:], t.dtype))
                   for t in travel]
-        slots = [self.constrain_stages(jnp.zeros((s,) + c.shape, c.dtype)) for c in carried]
         stage_ids = jnp.arange(s)
 
         def step(loop, t):
-            buffer, slots = loop
+            buffer, store = loop
             # constrained where read and written, so that the backward pass accumulates
             # their cotangents split over stages too
-            entering = [lax.dynamic_index_in_dim(self.constrain_stages(q), jnp.minimum(t, m - 1),
-                                                 1, keepdims=False) for q in queue]
+            entering = [lax.dynamic_index_in_dim(self.constrain_stages(q), t % m, 1,
+                                                 keepdims=False) for q in store]
             buffer = [self.constrain_stages(jnp.where(first_stage(stage_ids, b.ndim), e, b))
                       for b, e in zip(buffer, entering)]
-            done = jax.vmap(stage_step, spmd_axis_name=self.setting.axis)(buffer, stage_xs)
-            done = [self.constrain_stages(d) for d in done]
-            # before step S - 1 the last stage writes its idle result into slot 0, which
-            # microbatch 0 overwrites at step S - 1: no select over the slots
-            out_index = jnp.maximum(t - (s - 1), 0)
-            slots = [self.constrain_stages(lax.dynamic_update_slice_in_dim(
-                self.constrain_stages(o), d[:, None], out_index, 1))
-                for o, d in zip(slots, done[:ncarry])]
-            shifted = [self.constrain_stages(stage_shift(d)) for d in done]
-            return (shifted, slots), None
+            repeats = jnp.clip((t - stage_ids) // m, 0, v - 1)
+            done = jax.vmap(stage_step, spmd_axis_name=self.setting.axis)(
+                buffer, stage_xs, repeats)
+            shifted = [self.constrain_stages(stage_shift(self.constrain_stages(d)))
+                       for d in done]
+            # what left the last stage at pass t - S + 1 goes to its microbatch's slot;
+            # before step S - 1 the idle result lands in slot 0, which microbatch 0 has
+            # left and its first result overwrites: no select over the slots
+            out_index = jnp.maximum(t - (s - 1), 0) % m
+            store = [self.constrain_stages(lax.dynamic_update_slice_in_dim(
+                self.constrain_stages(q), d[:, None], out_index, 1))
+                for q, d in zip(store, shifted)]
+            return (shifted, store), None
 
-        (_, slots), _ = lax.scan(step, (buffer, slots), jnp.arange(m + s - 1))
-        # the last stage's slots, as a masked sum over stages: its transpose broadcasts the
+        (_, store), _ = lax.scan(step, (buffer, store), jnp.arange(self.setting.iterations))
+        # stage 0's slots, as a masked sum over stages: its transpose broadcasts the
         # cotangent to every stage (where slicing one stage out would pad it, unsplit)
-        last = (stage_ids == s - 1)
-        outputs = [jnp.sum(jnp.where(last.reshape((s,) + (1,) * (o.ndim - 1)), o,
+        outputs = [jnp.sum(jnp.where(first_stage(stage_ids, o.ndim), o,
                                      jnp.zeros((), o.dtype)), axis=0).astype(o.dtype)
-                   for o in slots]
+                   for o in store[:ncarry]]
         finals = []
         for k, (c, out) in enumerate(zip(init, outputs)):
             if split[nc + k]:

@@ -184,7 +184,8 @@ class Plan:
     @property
     def pipeline(self):
         """The pipeline the layer stack runs as (``autoshard.pipeline.Pipelining``: stage
-        axis, stages, layers per stage, microbatches, schedule, bubble fraction), or None."""
+        axis, stages, layers per stage, microbatches, schedule and repeats V, bubble
+        fraction), or None."""
         return None if self.microbatching is None else self.microbatching.pipeline
 
     # -- shardings ---------------------------------------------------------------------

@@ -236,40 +236,55 @@ def table(plan: Plan) -> TableView:
 
 class ScheduleView(View):
     """A pipeline's schedule: per stage, the microbatch it runs at each loop step (forward
-    pass; the backward pass runs the same grid in reverse). ``.`` is the bubble."""
+    pass; the backward pass runs the same grid in reverse). ``.`` is the bubble. In the
+    circular schedule a cell ``3r1`` is microbatch 3 on its repeat 1 (its second pass
+    through the stages)."""
 
     right_aligned = ()
 
     def __init__(self, pipeline):
         self.pipeline = pipeline
         p = pipeline
+        laps = f" x {p.repeats} repeats" if p.repeats > 1 else ""
         self.columns = ("stage",) + tuple(f"t{t}" for t in range(p.iterations))
         self.title = (f"{p.schedule} pipeline over {p.axis!r}: {p.stages} stages x "
-                      f"{p.layers_per_stage} layers, {p.microbatches} microbatches")
-        self.caption = (f"{p.iterations} steps; bubble (S-1)/(M+S-1) = "
-                        f"{p.bubble_fraction:.1%} of each stage's time")
+                      f"{p.layers_per_pass} layers{laps}, {p.microbatches} microbatches")
+        formula = "(S-1)/(M+S-1)" if p.repeats == 1 else "(S-1)/(M*V+S-1)"
+        self.caption = (f"{p.iterations} steps; bubble {formula} = "
+                        f"{p.bubble_fraction:.1%} of each stage's time"
+                        + ("; mRr: microbatch m on repeat r" if p.repeats > 1 else ""))
 
     def rows(self) -> list[dict]:
         p = self.pipeline
-        return [{"stage": s, "work": [p.busy(s, t) for t in range(p.iterations)]}
+        return [{"stage": s, "work": [p.work(s, t) for t in range(p.iterations)]}
                 for s in range(p.stages)]
 
+    def label(self, work: tuple[int, int] | None) -> str:
+        """A cell: ``.`` idle, the microbatch, and in the circular schedule its repeat."""
+        if work is None:
+            return "."
+        m, r = work
+        return str(m) if self.pipeline.repeats == 1 else f"{m}r{r}"
+
     def cells(self, row: dict) -> list[str]:
-        return [str(row["stage"])] + ["." if m is None else str(m) for m in row["work"]]
+        return [str(row["stage"])] + [self.label(w) for w in row["work"]]
 
     def plot(self):
-        """Stages down, loop steps across; a box per microbatch, the bubble left empty."""
+        """Stages down, loop steps across; a box per microbatch pass (a colour per
+        microbatch, hatched on odd repeats), the bubble left empty."""
         import matplotlib
         p = self.pipeline
         fig, (ax,) = new_figure(max(4.0, 0.45 * p.iterations + 1.5), 0.5 * p.stages + 1.4)
         colors = matplotlib.colormaps["tab20"]
         for row in self.rows():
-            for t, m in enumerate(row["work"]):
-                if m is None:
+            for t, work in enumerate(row["work"]):
+                if work is None:
                     continue
                 ax.broken_barh([(t, 0.95)], (row["stage"] - 0.45, 0.9),
-                               facecolors=colors(m % 20))
-                ax.text(t + 0.47, row["stage"], str(m), ha="center", va="center", fontsize=8)
+                               facecolors=colors(work[0] % 20),
+                               hatch="//" if work[1] % 2 else None)
+                ax.text(t + 0.47, row["stage"], self.label(work), ha="center", va="center",
+                        fontsize=8 if p.repeats == 1 else 6)
         ax.set_xlim(0, p.iterations)
         ax.set_ylim(p.stages - 0.5, -0.5)
         ax.set_yticks(range(p.stages))

@@ -5,8 +5,9 @@ devices as two nodes, mesh 2x8 whose first axis crosses nodes (4e10 B/s against 
 inside a node). The auto plan with a pipeline allowed (``pipeline="auto"``,
 ``microbatches="auto"``) is compiled beside every expert plan (data parallel, FSDP,
 Megatron, FSDP x TP) and each compiled program is priced by ``autoshard.hlo_report`` with
-the same hardware. It prints the compute-only bound, the bubble, the stage transfers and
-where the rest goes.
+the same hardware, beside the pipelines over 'data' with the GPipe schedule and with the
+circular one forced (V = 2, 4 repeats; M chosen). It prints the compute-only bound, the
+bubble, the stage transfers and where the rest goes.
 
 Part 2 (``--part 70b``): a LLaMA-3-70B-shaped step (80 layers, d_model 8192, FFN 28672,
 Adam, bf16, batch 64 x 2048 tokens) planned from abstract arguments on 8x8 within 80 GB
@@ -71,13 +72,19 @@ def gpt_part(args) -> None:
         experts.jit_gpipe(case, mesh, microbatches=hand_m).lower(*case.args).compile(), hw,
         mesh)))
     staged, staged_s = timed(lambda: planned(pipeline="data", microbatches="auto"))
+    plans = {"pipeline (data)": staged}
+    for v in (2, 4):
+        if (cfg.layers // mesh.shape["data"]) % v == 0:
+            plans[f"circular V={v}"] = planned(pipeline="data", microbatches="auto", repeats=v)
     auto, plan_s = timed(lambda: planned(pipeline="auto", microbatches="auto"))
-    reports = {"pipeline (data)": compiled(staged), "auto": compiled(auto)}
+    plans["auto"] = auto
+    reports = {name: compiled(plan) for name, plan in plans.items()}
     print(f"\n{'plan':18}{'step ms':>10}{'compute ms':>12}{'comm ms':>10}{'memory GB':>11}"
-          f"{'fits':>6}{'predicted ms':>14}")
+          f"{'fits':>6}{'predicted ms':>14}{'pred GB':>9}")
     for name, report in rows + list(reports.items()):
-        plan = {"pipeline (data)": staged, "auto": auto}.get(name)
-        predicted = f"{plan.cost.total_s * 1e3:>14.2f}" if plan else ""
+        plan = plans.get(name)
+        predicted = (f"{plan.cost.total_s * 1e3:>14.2f}{plan.cost.memory_bytes / 1e9:>9.2f}"
+                     if plan else "")
         print(f"{name:18}{report.total_s * 1e3:>10.2f}{report.compute_s * 1e3:>12.2f}"
               f"{report.comm_s * 1e3:>10.2f}{report.memory_bytes / 1e9:>11.2f}"
               f"{'yes' if report.memory_bytes <= hw.memory else 'no':>6}{predicted}")
@@ -90,7 +97,14 @@ def gpt_part(args) -> None:
           f"{staged_s:.1f} s)")
     print(f"auto plan: {auto.pipeline.describe() if auto.pipeline else 'no pipeline'}"
           + (f"; {auto.microbatching}" if auto.microbatching else ""))
-    for name, plan in (("auto", auto), ("pipeline (data)", staged)):
+    print("pipelines the auto plan weighed (predicted step):")
+    for tried in auto.solver.get("settings", []):
+        if "schedule" in tried:
+            step = f"{tried['step_s'] * 1e3:.2f} ms" if tried["step_s"] is not None else ""
+            print(f"  {tried['pipeline']:6} {tried['schedule']:9} "
+                  f"M={tried['pipeline_microbatches']:<3}V={tried['repeats']:<2} {step:>10}  "
+                  f"{tried['outcome']}")
+    for name, plan in plans.items():
         if plan.pipeline:
             print(f"\n{name}: {plan.pipeline.describe()}")
             where_time_goes(reports[name], plan.pipeline, hw)
@@ -118,7 +132,7 @@ def best_case(report, transfers_s: float, expert_s: float, stages: int, batch: i
 
 
 def loop_compute_seconds(report, pipelining) -> float:
-    """Compute of the ops the pipeline's loops run once per step (M + S - 1 times, or a
+    """Compute of the ops the pipeline's loops run once per step (M V + S - 1 times, or a
     multiple inside nested loops)."""
     return sum(s for runs, s in report.compute_s_by_runs
                if runs >= pipelining.iterations and runs % pipelining.iterations == 0)
@@ -139,7 +153,7 @@ def where_time_goes(report, pipelining, hw) -> None:
     bubble, permutes = bubble_seconds(report, pipelining), permute_seconds(report)
     loop = loop_compute_seconds(report, pipelining)
     print(f"  compute-only bound (this program's FLOPs at peak): {bound * 1e3:.2f} ms")
-    print(f"  stage loop compute {loop * 1e3:.2f} ms, of which bubble ((S-1)/(M+S-1) = "
+    print(f"  stage loop compute {loop * 1e3:.2f} ms, of which bubble ((S-1)/(MV+S-1) = "
           f"{pipelining.bubble_fraction:.1%}): {bubble * 1e3:.2f} ms")
     print(f"  stage transfers (collective-permute): {permutes * 1e3:.2f} ms")
     print(f"  rest: other collectives {(report.comm_s - permutes) * 1e3:.2f} ms; compute "

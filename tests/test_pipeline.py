@@ -236,18 +236,14 @@ def test_forced_pipeline_matches_single_device(stack_args, mesh_2d):
     assert_matches(plan_.jit()(*stack_args), expected)
     for path in ("params['layers']['up']", "params['layers']['down']"):
         assert plan_.argument(path).spec[0] == ("data",)   # a stage's layers on its devices
-    # inside the loop only the stage buffer crosses the stage axis, by a collective-permute
-    # once per iteration (forward and backward); what else crosses it runs once per step
-    report = compiled_report(plan_, stack_args)
-    in_loop = [c for c in report.collectives if "data" in c.axes and c.count > 1]
-    assert in_loop and all(c.kind == "collective-permute" and c.count == staged.iterations
-                           for c in in_loop), in_loop
+    assert_only_the_shift_crosses_stages(plan_, stack_args)
     assert "pipeline over 'data': 2 stages x 4 layers, 4 microbatches" in plan_.summary_text()
 
 
 def test_auto_pipeline_is_the_fastest_candidate_and_matches(stack_args, mesh_2d):
     expected = jax.jit(stack_step)(*stack_args)
-    plan_ = plan_stack(stack_args, mesh_2d, pipeline="auto")
+    plan_ = plan_stack(stack_args, mesh_2d, pipeline="auto")   # both schedules weighed
+    assert any(t.get("schedule") == "circular" for t in plan_.solver.get("settings", []))
     assert_matches(plan_.jit()(*stack_args), expected)
     for other in (plan_stack(stack_args, mesh_2d),
                   plan_stack(stack_args, mesh_2d, pipeline="data", microbatches=4)):
@@ -298,6 +294,124 @@ def test_pipeline_needs_a_layer_stack(args, mesh_2d):
         plan_for(args, mesh_2d, pipeline="data", microbatches=2)
     with pytest.raises(autoshard.InputError, match="mesh axis 'stage'"):
         plan_for(args, mesh_2d, pipeline="stage")
+
+
+# -- the circular schedule ------------------------------------------------------------------
+
+def test_circular_schedule_arithmetic():
+    """Each microbatch passes the stages V times, one stage a step, and re-enters stage 0
+    only after its last pass left the last stage; the bubble is (S-1)/(MV+S-1)."""
+    from autoshard.pipeline import Pipelining
+    for s, m, v in ((4, 8, 2), (2, 2, 4), (4, 4, 2), (3, 5, 3)):
+        p = Pipelining("data", stages=s, microbatches=m, layers=s * v * 2,
+                       schedule="circular", repeats=v)
+        assert (p.layers_per_stage, p.layers_per_pass) == (2 * v, 2)
+        assert p.iterations == m * v + s - 1
+        assert p.bubble_fraction == pytest.approx((s - 1) / (m * v + s - 1))
+        when = {}   # (stage, microbatch, repeat) -> step
+        for stage in range(s):
+            work = [p.work(stage, t) for t in range(p.iterations)]
+            assert [w for w in work if w is not None] == [(k % m, k // m)
+                                                          for k in range(m * v)]
+            when.update({(stage,) + w: t for t, w in enumerate(work) if w is not None})
+        for (stage, mb, r), t in when.items():   # its input was made the step before
+            if stage > 0:
+                assert when[(stage - 1, mb, r)] == t - 1
+            elif r > 0:
+                assert when[(s - 1, mb, r - 1)] < t
+        idle = sum(p.work(i, t) is None for i in range(s) for t in range(p.iterations))
+        assert idle / (s * p.iterations) == pytest.approx(p.bubble_fraction)
+    gpipe = Pipelining("data", stages=4, microbatches=8, layers=16)
+    assert gpipe.bubble_fraction > Pipelining("data", 4, 8, 16, "circular", 2).bubble_fraction
+    for bad in ({"schedule": "circular", "repeats": 1}, {"schedule": "gpipe", "repeats": 2},
+                {"schedule": "circular", "repeats": 2, "microbatches": 2},
+                {"schedule": "interleaved", "repeats": 2}):
+        with pytest.raises(autoshard.InputError):
+            Pipelining("data", **{"stages": 4, "microbatches": 8, **bad})
+
+
+def assert_only_the_shift_crosses_stages(plan_, args):
+    """Inside the loop only the stage buffer crosses the stage axis, by a
+    collective-permute once per iteration (forward and backward)."""
+    staged = plan_.pipeline
+    report = compiled_report(plan_, args)
+    in_loop = [c for c in report.collectives if staged.axis in c.axes and c.count > 1]
+    assert in_loop and all(c.kind == "collective-permute" and c.count == staged.iterations
+                           for c in in_loop), in_loop
+
+
+def test_forced_circular_pipeline_matches_single_device(stack_args, mesh_2d):
+    expected = jax.jit(stack_step)(*stack_args)
+    plan_ = plan_stack(stack_args, mesh_2d, pipeline="data", microbatches=4, repeats=2)
+    staged = plan_.pipeline
+    assert (staged.schedule, staged.repeats, staged.stages, staged.layers) == \
+        ("circular", 2, 2, 8)
+    assert (staged.layers_per_pass, staged.iterations) == (2, 4 * 2 + 2 - 1)
+    assert_matches(plan_.jit()(*stack_args), expected)
+    assert_only_the_shift_crosses_stages(plan_, stack_args)
+    assert ("2 stages x 4 layers x 2 repeats of 2 layers, 4 microbatches, circular schedule, "
+            "9 steps, bubble 11.1%") in " ".join(plan_.summary_text().split())
+    loaded = autoshard.Plan.from_json(plan_.to_json(), mesh_2d).bind(stack_step, *stack_args)
+    assert loaded.pipeline == staged
+    assert_matches(loaded.jit()(*stack_args), expected)
+
+
+def test_auto_repeats_weigh_gpipe_and_circular(stack_args, mesh_2d):
+    """Where compute outweighs the stage transfers, the smaller bubble wins: the planner
+    takes the circular schedule, no slower than GPipe or any forced V, and it matches."""
+    slow = autoshard.Hardware(flops=1e8, hbm_bandwidth=1e11, memory=80e9,
+                              link_bandwidth={"data": 4e10, "model": 3.6e11},
+                              link_latency=1e-6)
+
+    def planned(repeats):
+        return autoshard.plan(stack_step, *stack_args, mesh=mesh_2d, hardware=slow,
+                              cache=False, progress=False, pipeline="data", microbatches=4,
+                              repeats=repeats)
+    chosen = planned("auto")
+    assert chosen.pipeline.schedule == "circular"
+    for forced in (1, 2, 4):
+        assert chosen.cost.total_s <= planned(forced).cost.total_s * (1 + 1e-9)
+    assert_matches(chosen.jit()(*stack_args), jax.jit(stack_step)(*stack_args))
+
+
+@pytest.mark.slow
+def test_circular_settings_match_and_price_their_memory(stack_args, mesh_2d):
+    """Across microbatches and repeats: the step matches one device, the loop runs
+    M V + S - 1 times with only the shift crossing the stage axis, and the predicted
+    memory (the store of microbatches, each step's residuals) is XLA's within 5 %."""
+    expected = jax.jit(stack_step)(*stack_args)
+    for m, v in ((2, 2), (4, 4), (8, 2)):
+        plan_ = plan_stack(stack_args, mesh_2d, pipeline="data", microbatches=m, repeats=v)
+        assert plan_.pipeline.iterations == m * v + 1
+        assert_matches(plan_.jit()(*stack_args), expected)
+        assert_only_the_shift_crosses_stages(plan_, stack_args)
+        compiled = compiled_report(plan_, stack_args).memory_bytes
+        assert plan_.cost.memory_bytes == pytest.approx(compiled, rel=0.05)
+
+
+def test_repeats_need_a_pipeline_and_a_count(stack_args, mesh_2d):
+    with pytest.raises(autoshard.InputError, match="pipeline="):
+        plan_stack(stack_args, mesh_2d, repeats=2)
+    for bad in (0, -1, 1.5, "many", True):
+        with pytest.raises(autoshard.InputError, match="repeats"):
+            plan_stack(stack_args, mesh_2d, pipeline="data", microbatches=4, repeats=bad)
+    with pytest.raises(autoshard.InputError, match="as many microbatches as stages"):
+        plan_stack(stack_args, mesh_2d, pipeline="model", microbatches=2, repeats=2)
+    with pytest.raises(autoshard.InputError, match="no layer stack"):   # 8 layers, 2 x 3
+        plan_stack(stack_args, mesh_2d, pipeline="data", microbatches=4, repeats=3)
+
+
+def test_schedule_view_shows_the_interleaving():
+    from autoshard import viz
+    from autoshard.pipeline import Pipelining
+    view = viz.schedule(Pipelining("data", stages=2, microbatches=2, layers=8,
+                                   schedule="circular", repeats=2))
+    assert [view.cells(r) for r in view.rows()] == [["0", "0r0", "1r0", "0r1", "1r1", "."],
+                                                    ["1", ".", "0r0", "1r0", "0r1", "1r1"]]
+    assert "bubble (S-1)/(M*V+S-1) = 20.0%" in view.caption
+    assert "x 2 layers x 2 repeats" in view.title
+    fig = view.plot()
+    assert len(fig.axes[0].collections) == 8   # one box per (stage, microbatch, repeat)
 
 
 @pytest.mark.slow

@@ -142,6 +142,30 @@ def test_embedding_gather_is_vocab_parallel():
     assert str(einsum) == "dc,ab.->abc reduce={d}"
 
 
+def test_gather_of_whole_slices_splits_them(mesh_2d):
+    """A vmapped dynamic index (a stage picking its layer) gathers whole slices of the
+    layer's dims, whose starts XLA clamps to 0: they split, and the partitioned gather
+    needs no collective."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from autoshard import H100
+    from autoshard.hlo_report import hlo_report
+
+    def fn(w, i):
+        return jax.vmap(lambda ws, ii: jax.lax.dynamic_index_in_dim(ws, ii, 0,
+                                                                    keepdims=False))(w, i)
+    w, i = f32(4, 2, 16, 32), jax.ShapeDtypeStruct((4,), jnp.int32)
+    # w [stage a, layer ., rows b, cols c]: only the indexed layer dim stays whole
+    assert golden_of(fn, w, i, primitive="gather") == "a.bc,a.->a.bc"
+    spec = NamedSharding(mesh_2d, P("data", None, None, "model"))
+    jitted = jax.jit(fn, in_shardings=(spec, NamedSharding(mesh_2d, P("data"))),
+                     out_shardings=NamedSharding(mesh_2d, P("data", None, "model")))
+    assert hlo_report(jitted.lower(w, i).compile(), H100, mesh_2d).count() == 0
+    x = jax.random.normal(jax.random.key(0), w.shape)
+    index = jnp.array([1, 0, 3, -1], jnp.int32)          # out of range: clamped
+    assert jnp.array_equal(jitted(x, index), fn(x, index))
+
+
 def test_scatter_splits_the_indexed_operand_dim():
     """The gradient of take_along_axis scatters into the vocabulary: each device applies
     the updates that land in its rows, so the vocabulary splits with nothing to sum."""

@@ -223,7 +223,9 @@ class Liveness:
         beside the partial results of all its parts. A backend without reduce-scatter
         all-reduces the partial result and keeps a slice, so the full result is held to
         the node's last reader, and when that all-reduce joins the combined one, the full
-        partial result is held until then too."""
+        partial result is held until then too. On its own, the full result is held to the
+        last reader too where every reader fuses the slice (``slices_fused``); else the
+        slice is written out at the node and the full result dies there."""
         points = self.combine_points()
         for node in self.graph.nodes:
             buffers = self.reduction_buffers(node)
@@ -237,13 +239,25 @@ class Liveness:
                 if num_bytes is not None:
                     yield MemoryTerm(g, num_bytes), first, last
 
+    def slices_fused(self, value_id: int) -> bool:
+        """Whether every reader of a value is an elementwise fusion, into which XLA fuses
+        the dynamic slice of an all-reduced result (a backend without reduce-scatter): the
+        slice is then computed in each reader, never written, and the full result is read
+        to the last of them. A reader that cannot fuse it (a dot, a collective, an output)
+        makes XLA write the slice once, for every reader."""
+        graph = self.graph
+        users = graph.users[value_id]
+        return bool(users) and all(self.fusible[u] and graph.nodes[u].kind == "eqn"
+                                   for u, _ in users)
+
     def reduction_buffers(self, node) -> tuple[np.ndarray | None, ...] | None:
         """Per group strategy, the bytes of a node's reduction buffers (see
         ``collective_buffers``): at the node, held to its last reader, and where the
         combined collective runs, each None where it is nothing; None for a node that
         never reduces. Nodes sharing a menu share them."""
         strategies, picks = self.space.strategies[node.id], self.choice[node.id]
-        key = id(self.menus[node.id])   # menus are held by the builder
+        # menus are held by the builder
+        key = (id(self.menus[node.id]), self.slices_fused(node.outputs[0]))
         if key not in self._reductions:
             self._reductions[key] = self._reduction_buffers(node, strategies, picks)
         return self._reductions[key]
@@ -262,11 +276,14 @@ class Liveness:
                 emulated = c.kind == "reduce-scatter" and not self.native_reduce_scatter
                 if strategy.combined and joins:
                     at_combine[s] += c.num_bytes
-                elif emulated and joins:
+                elif emulated and (joins or self.slices_fused(value.id)):
                     out_bytes = specs.per_device_bytes(value.shape, value.dtype,
                                                        strategy.out_specs[0], self.axis_sizes)
                     held[s] += c.num_bytes - out_bytes
-                    at_combine[s] += c.num_bytes
+                    if joins:
+                        at_combine[s] += c.num_bytes
+                    else:   # the partial result; the full one is held
+                        at_node[s] += c.num_bytes
                 else:   # the partial result, and an emulated reduce-scatter's full one
                     at_node[s] += c.num_bytes * (2 if emulated else 1)
         return tuple(b if b.any() else None for b in (at_node, held, at_combine))

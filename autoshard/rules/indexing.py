@@ -1,7 +1,8 @@
 """gather and scatter, as produced by embedding lookups and take_along_axis.
 
 gather: output batch dims split with the indices' batch dims, output offset dims with the
-operand's whole-sliced dims, batching dims on all three. An operand dim indexed with
+operand's whole-sliced dims (indexed or not: XLA clamps a whole slice's start to 0, so a
+device slices its own shard), batching dims on all three. An operand dim indexed with
 slice size 1 (an embedding table's vocabulary) may split too: each device looks up the
 rows it holds and the partial results are summed (vocab-parallel embedding).
 scatter-add and scatter-sub: an update's scatter dims may split: each device adds its part,
@@ -39,8 +40,8 @@ def gather(node, out_shapes) -> Einsum:
         out_t[batch_out[idx_batch.index(idx_dim)]] = op_t[op_dim]
     window = [d for d in range(len(operand))
               if d not in dn.collapsed_slice_dims and d not in dn.operand_batching_dims]
-    for o, d in zip(dn.offset_dims, window):
-        if slice_sizes[d] == operand[d] and d not in dn.start_index_map:
+    for o, d in zip(dn.offset_dims, window):   # a whole-sliced dim's start clamps to 0
+        if slice_sizes[d] == operand[d]:
             op_t[d] = out_t[o] = labels.new(operand[d])
     reduce = set()
     indexed = [d for d in dn.start_index_map if d in dn.collapsed_slice_dims]
