@@ -1,8 +1,10 @@
 """solve: pick one strategy per group, minimizing time under a per-device memory budget.
 
 The solver sees only numbers (no jax): a ``Request`` of cost vectors, edge resharding
-matrices and memory terms; it returns a ``Result``. ``evaluate`` recomputes the cost and
-the peak memory of any choice independently, so tests can check the solver's arithmetic.
+matrices and memory terms; it returns a ``Result``. ``evaluation`` prices any choice
+independently, every part of it in one place (``Evaluation``: compute, collectives,
+resharding, shared latencies, peak memory, budget and tie violations), so tests can check
+the solver's arithmetic and the plan's reported cost reads the same sums.
 
 The ILP (scipy.optimize.milp, HiGHS): a binary x[g, s] per group strategy, one-hot per
 group; per pair of groups a continuous e[r, c] over the distinct rows and columns of the
