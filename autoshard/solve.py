@@ -187,17 +187,13 @@ def evaluation(request: Request, choice: Sequence[int]) -> Evaluation:
     """Every part of the cost of ``choice`` (a strategy per group), from the request alone."""
     node_s = sum(float(c[choice[g]]) for g, c in enumerate(request.node_costs))
     edge_s = sum(float(m[choice[u], choice[v]]) for u, v, m in request.edges)
-    once = sum(seconds for seconds, members in request.shared_costs
-               if any(choice[g] == s for g, s in members))
+    once, paid = shared_paid(request, choice)
     parts = request.seconds_parts
     latency_edges = parts.latency_edges if parts is not None else ()
-    paid = [(cost, k < len(latency_edges) and bool(latency_edges[k]))
-            for k, ((cost, _), marked) in enumerate(zip(request.shared_edge_costs,
-                                                        shared_edges_paid(request, choice)))
-            if marked]
-    seconds = node_s + edge_s + (once + sum(cost for cost, _ in paid))
-    copies = sum(cost for cost, is_latency in paid if not is_latency)
-    latencies = sum(cost for cost, is_latency in paid if is_latency)
+    copies = sum(request.shared_edge_costs[k][0] for k in paid
+                 if not (k < len(latency_edges) and latency_edges[k]))
+    latencies = sum(request.shared_edge_costs[k][0] for k in paid
+                    if k < len(latency_edges) and latency_edges[k])
     if parts is None:
         compute, collective, inside, tiebreak = node_s, 0.0, 0.0, 0.0
     else:
@@ -209,18 +205,35 @@ def evaluation(request: Request, choice: Sequence[int]) -> Evaluation:
     peak = peak_memory(request, choice)
     budget = request.memory_budget
     return Evaluation(
-        seconds=seconds, peak_bytes=peak, compute_s=compute, collective_s=collective,
-        reshard_s=inside + edge_s + copies, latency_s=once + latencies, tiebreak_s=tiebreak,
+        seconds=plan_seconds(request, choice), peak_bytes=peak, compute_s=compute,
+        collective_s=collective, reshard_s=inside + edge_s + copies,
+        latency_s=once + latencies, tiebreak_s=tiebreak,
         over_budget_bytes=max(0.0, peak - budget) if budget is not None else 0.0,
         broken_ties=sum(int(keys_u[choice[u]] != keys_v[choice[v]])
                         for u, v, keys_u, keys_v in request.ties))
 
 
+def plan_seconds(request: Request, choice) -> float:
+    """``Evaluation.seconds`` alone: group, edge and shared seconds, summed as the solver
+    sums them (its hot loops read this, not the parts)."""
+    once, paid = shared_paid(request, choice)
+    return (sum(float(c[choice[g]]) for g, c in enumerate(request.node_costs))
+            + sum(float(m[choice[u], choice[v]]) for u, v, m in request.edges)
+            + (once + sum(request.shared_edge_costs[k][0] for k in paid)))
+
+
+def shared_paid(request: Request, choice) -> tuple[float, list[int]]:
+    """The seconds of the shared costs ``choice`` pays, and the shared edge costs it pays
+    (their indices)."""
+    once = sum(seconds for seconds, members in request.shared_costs
+               if any(choice[g] == s for g, s in members))
+    return once, [k for k, marked in enumerate(shared_edges_paid(request, choice)) if marked]
+
+
 def evaluate(request: Request, choice: Sequence[int]) -> tuple[float, float]:
-    """(seconds, peak bytes per device) of ``choice``: the solver's reading of
-    ``evaluation``."""
-    found = evaluation(request, choice)
-    return found.seconds, found.peak_bytes
+    """(seconds, peak bytes per device) of ``choice``: ``Evaluation.seconds`` and
+    ``.peak_bytes`` without the rest of ``evaluation``."""
+    return plan_seconds(request, choice), peak_memory(request, choice)
 
 
 def shared_edges_paid(request: Request, choice) -> list[bool]:
