@@ -43,7 +43,8 @@ def reshard_collectives(shape: Sequence[int], dtype, src: Spec, dst: Spec,
     that leaves one dim and joins another moves by all-to-all; one that leaves and joins
     none is all-gathered; one that only joins is a free local slice. An all-gather
     concatenates along one dim, so the axes leaving each dim are gathered by an
-    all-gather of their own (``gather_steps``).
+    all-gather of their own (``gather_steps``). Where XLA's partitioner has no such path
+    (``rematerializes``), it gathers the whole array and slices it.
     """
     if src == dst:
         return ()
@@ -55,6 +56,8 @@ def reshard_collectives(shape: Sequence[int], dtype, src: Spec, dst: Spec,
             common += 1
         leaving.append(s[common:])
         joining |= set(d[common:])
+    if rematerializes(leaving, joining):
+        return gather_steps(shape, dtype, src, src, axis_sizes, hw)
     current = set(specs.spec_axes(src))
     out = []
     for axis in [a for axes in leaving for a in axes if a in joining]:
@@ -67,6 +70,22 @@ def reshard_collectives(shape: Sequence[int], dtype, src: Spec, dst: Spec,
         out.append(Collective("all-to-all", (axis,), num_bytes, seconds))
     gathered = [tuple(a for a in axes if a not in joining) for axes in leaving]
     return tuple(out) + gather_steps(shape, dtype, src, gathered, axis_sizes, hw)
+
+
+def rematerializes(leaving: Sequence[tuple[str, ...]], joining: set) -> bool:
+    """Whether XLA's SPMD partitioner reshards by gathering the whole array and slicing it
+    (its "involuntary full rematerialization"): when axes leave a dim major to minor and
+    one that moves to a dim comes before one that is gathered. An all-to-all moves a
+    dim's minor shards and an all-gather takes its minor axes off, so the partitioner can
+    move an axis out from under a gathered one only by gathering both; it gathers all.
+    P(None, ("data", "model")) -> P("data") gathers all 16 shards of dim 1 and slices;
+    P(None, ("model", "data")) -> P("data") moves data by all-to-all, gathers model.
+    """
+    for axes in leaving:
+        moved = [a in joining for a in axes]
+        if any(m and not later for i, m in enumerate(moved) for later in moved[i + 1:]):
+            return True
+    return False
 
 
 def gather_steps(shape, dtype, src: Spec, gathered: Sequence[tuple[str, ...]],
