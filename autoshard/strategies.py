@@ -279,7 +279,9 @@ def reduction_variants(node, name, in_specs, out_specs, out_shapes, out_bytes, p
         scattered = out[d] + partial_axes
         if size % group_of(scattered, axis_sizes) == 0:
             spec = out[:d] + (scattered,) + out[d + 1:]
-            if first or set(specs.spec_axes(spec)) >= set(ctx.axis_sizes):
+            replicas = math.prod(n for a, n in axis_sizes.items()
+                                 if a not in specs.spec_axes(spec))
+            if first or replicas == 1 or replicas % group_of(partial_axes, axis_sizes):
                 variants.append(Strategy(name + f" reduce-scatter({'+'.join(partial_axes)})->{d}",
                                          in_specs, (spec,), compute_s, seconds, scatter, joins))
             else:
@@ -292,11 +294,13 @@ def reduction_variants(node, name, in_specs, out_specs, out_shapes, out_bytes, p
 def replicated_scatter(node, name, in_specs, spec, compute_s, partial_axes, d, shard_bytes,
                        priced, ctx) -> Strategy:
     """A contraction scattered onto a spec that leaves mesh axes unused (its result
-    replicated along them): XLA's partitioner splits the partial result along those axes
-    first, all-reduces the part over the contracted axes and sends each part to the
-    device the spec wants it on. x P(None, "model") @ w P("model", None) -> P("model")
-    on an 8x2 mesh all-reduces half the result over model, then permutes that half
-    across data and model."""
+    replicated along them over at least as many devices as it scatters over, a multiple
+    of them): XLA's partitioner splits the partial result among those replicas first,
+    all-reduces each device's part over the contracted axes and sends it to the device
+    the spec wants it on. x P(None, "model") @ w P("model", None) -> P("model") all-
+    reduces half the result over model, then permutes that half across data and model,
+    on 8x2, 4x2 and 2x2 meshes; on 2x4 and 2x8 (fewer replicas than model's devices) it
+    reduce-scatters."""
     ar, joins = priced("all-reduce", hwlib.all_reduce_seconds, partial_axes, shard_bytes)
     axes = tuple(a for a in ctx.axis_sizes if ctx.axis_sizes[a] > 1)
     permute = hwlib.collective_permute_seconds(shard_bytes, ctx.hardware.group_bandwidth(axes),

@@ -13,14 +13,14 @@ import itertools
 import jax
 import jax.numpy as jnp
 import pytest
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 import autoshard
 from autoshard import specs
 from autoshard.cost import build_cost_graph, reshard_collectives, reshard_seconds
 from autoshard.hlo_report import hlo_report
-from autoshard.hardware import Hardware
 from autoshard.strategies import build_strategies
+from autoshard.hardware import Hardware
 from autoshard.trace import trace
 
 HW = Hardware(flops=1e12, hbm_bandwidth=1e11, memory=1e9,
@@ -161,6 +161,44 @@ def test_every_reshard_is_what_xla_compiles():
     apart = [(src, dst) for src, dst in itertools.product(options, repeat=2)
              if predicted_moves(src, dst) != compiled_moves(src, dst)]
     assert set(apart) == APART
+
+
+def scatter_moves(axis):
+    """The collectives of x f32[64, 128] split over ``axis`` on its contracted dim, times
+    w f32[128, 256] split alike, reduce-scattered onto rows P(axis): as the strategy
+    prices them, and as XLA compiles them on the 2x4 mesh."""
+    x, w = jax.ShapeDtypeStruct((64, 128), F32), jax.ShapeDtypeStruct((128, 256), F32)
+    graph = trace(lambda a, b: a @ b, x, w)
+    dot = next(n for n in graph.nodes if n.primitive == "dot_general")
+    strategy = next(s for s in build_strategies(graph, SIZES, HW).strategies[dot.id]
+                    if s.name.endswith(f"reduce-scatter({axis})->0")
+                    and s.out_specs == (((axis,), ()),))
+    mesh = autoshard.make_mesh((2, 4), ("a", "b"))
+    fn = jax.jit(lambda a, b: a @ b,
+                 in_shardings=(NamedSharding(mesh, P(None, axis)), NamedSharding(mesh, P(axis))),
+                 out_shardings=NamedSharding(mesh, P(axis)))
+    report = hlo_report(fn.lower(x, w).compile(), HW, mesh)
+    return ([(c.kind, c.axes, c.num_bytes, pytest.approx(c.seconds)) for c in strategy.collectives],
+            sorted((c.kind, c.num_bytes) for c in report.collectives))
+
+
+def test_a_scatter_onto_rows_replicated_over_more_devices_all_reduces_then_permutes():
+    # Scattered over a (2 devices), the rows stay replicated over b's 4: XLA splits the
+    # 65536-byte partial result among the replicas, all-reduces each device's 32768-byte
+    # half over a: 1e-6 + 2 * 1/2 * 32768 / 1e10 = 4.2768 µs, and sends it to the device
+    # P(a) wants it on, across a and b: 1e-6 + 32768 / 1e10 = 4.2768 µs
+    predicted, compiled = scatter_moves("a")
+    assert predicted == [("all-reduce", ("a",), 32768, 4.2768e-6),
+                         ("collective-permute", ("a", "b"), 32768, 4.2768e-6)]
+    assert compiled == sorted((kind, num_bytes) for kind, _, num_bytes, _ in predicted)
+
+
+def test_a_scatter_onto_rows_replicated_over_fewer_devices_reduce_scatters():
+    # Scattered over b (4 devices), the rows replicated over a's 2: a reduce-scatter of
+    # the 65536-byte partial result, 1e-6 + 3/4 * 65536 / 4e10 = 2.2288 µs
+    predicted, compiled = scatter_moves("b")
+    assert predicted == [("reduce-scatter", ("b",), 65536, 2.2288e-6)]
+    assert compiled == [("reduce-scatter", 65536)]
 
 
 def test_slicing_is_free():
