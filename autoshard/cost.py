@@ -247,6 +247,23 @@ def reshard_seconds(shape, dtype, src: Spec, dst: Spec, axis_sizes, hw) -> float
     return sum(c.seconds for c in reshard_collectives(shape, dtype, src, dst, axis_sizes, hw))
 
 
+# reshard seconds kept across cost graphs, per Hardware (by id, the object kept alongside
+# so that its id stays its own): the programs a plan weighs (its pricings of copies, its
+# microbatch and remat settings) reshard arrays of the same shapes between the same specs
+_KEPT_PRICES: dict[int, tuple[Hardware, dict]] = {}
+KEPT_PRICES_MAX = 1 << 18   # prices kept, at most, per Hardware
+
+
+def kept_prices(hw: Hardware) -> dict:
+    """The reshard seconds kept for ``hw``, by (shape, dtype, src, dst, axis sizes)."""
+    found = _KEPT_PRICES.get(id(hw))
+    if found is None or found[0] is not hw or len(found[1]) > KEPT_PRICES_MAX:
+        if len(_KEPT_PRICES) >= 8:
+            _KEPT_PRICES.clear()
+        found = _KEPT_PRICES[id(hw)] = (hw, {})
+    return found[1]
+
+
 # -- the cost graph ---------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
@@ -438,6 +455,8 @@ class _Builder:
         self.graph = space.graph
         self.hw = space.hardware
         self.axis_sizes = space.axis_sizes
+        self.axis_items = tuple(space.axis_sizes.items())
+        self.kept_prices = kept_prices(self.hw)
         self.donated = tuple(donated)
         self.donated_outputs = {k for k, _ in donated}
         self.donated_arg_of_output = {self.graph.output_nodes[k]: arg for k, arg in donated}
@@ -479,9 +498,13 @@ class _Builder:
         seconds = self._prices.get(key)
         if seconds is None:
             shape, dtype = self.arrays.items[array]
-            seconds = self._prices[key] = reshard_seconds(
-                shape, dtype, self.specs.items[src], self.specs.items[dst], self.axis_sizes,
-                self.hw)
+            src_spec, dst_spec = self.specs.items[src], self.specs.items[dst]
+            kept_key = (shape, dtype, src_spec, dst_spec, self.axis_items)
+            seconds = self.kept_prices.get(kept_key)
+            if seconds is None:
+                seconds = self.kept_prices[kept_key] = reshard_seconds(
+                    shape, dtype, src_spec, dst_spec, self.axis_sizes, self.hw)
+            self._prices[key] = seconds
         return seconds
 
     def pairs(self, array: int, srcs: int, dsts: int) -> _Pairs:

@@ -663,13 +663,17 @@ def lagrangian(request: Request, ilp: _Ilp, choice: np.ndarray, deadline: float)
     return best, best_seconds, bound
 
 
-def solve(request: Request) -> Result:
+def solve(request: Request, within_budget: bool = True) -> Result:
     """Cheapest choice within the memory budget (ILP), best found on time limit.
 
     The unconstrained problem first: if its optimum fits, it is the answer. Otherwise
     memory is priced in (``lagrangian``), which finds plans within the budget in a few
     LPs and a lower bound on the best one; when they do not meet, the memory rows the
-    current choice violates are added to the ILP until none is, while time remains."""
+    current choice violates are added to the ILP until none is, while time remains.
+
+    ``within_budget=False`` stops at the unconstrained optimum where it does not fit
+    (``budget_binds``), after ``CannotBeat``: for a caller that then solves the request
+    with memory priced otherwise."""
     start = time.perf_counter()
     deadline = start + request.time_limit_s
     if all(len(c) == 1 for c in request.node_costs):
@@ -687,6 +691,8 @@ def solve(request: Request) -> Result:
     if (request.seconds_to_beat is not None and cannot_go_below is not None
             and cannot_go_below * (1 - MIP_GAP) >= request.seconds_to_beat):
         raise CannotBeat(cannot_go_below * (1 - MIP_GAP))
+    if not within_budget:
+        return finish(request, choice, status_name, start, bound)
     best, best_seconds, bound = lagrangian(request, ilp, choice, deadline)
     if best is not None and best_seconds <= bound * (1 + OPTIMALITY_GAP):
         return finish(request, best, "optimal", start, bound)
