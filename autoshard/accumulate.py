@@ -336,14 +336,17 @@ def plan_within_budget(plan_fn, fn, args, setting, failure, record=None, beat=No
     from autoshard.solve import CannotBeat
     token = _TO_BEAT.set(beat)
     started = time.perf_counter()
-    found, outcome = None, "fits"
+    found, outcome, stages = None, "fits", None
     try:
         with microbatching(setting, record):
             found = plan_fn(fn, *args)
+        stages = {stage: found.solver.get(f"{stage}_s") for stage in STAGES}
     except MemoryBudgetError as e:
         failure, outcome = e, f"over budget: at least {e.smallest_bytes:.4g} bytes"
+        stages = getattr(e, "stage_seconds", None)
     except CannotBeat as e:
         outcome = f"cannot beat {beat:.6g} s: at least {e.lower_bound:.6g} s"
+        stages = getattr(e, "stage_seconds", None)
     finally:
         _TO_BEAT.reset(token)
     if trail is not None:
@@ -352,8 +355,12 @@ def plan_within_budget(plan_fn, fn, args, setting, failure, record=None, beat=No
                       "replica_axes": [] if setting is None else list(setting.replica_axes),
                       "remat": None if setting is None else setting.remat,
                       "step_s": None if found is None else found.cost.total_s,
-                      "plan_s": time.perf_counter() - started})
+                      "plan_s": time.perf_counter() - started, "stage_s": stages})
     return found, failure, outcome.startswith("cannot beat")
+
+
+STAGES = ("trace", "cost", "coarsen", "solve")   # the planning stages a setting's seconds
+#                                                   split into (``plan.solver["settings"]``)
 
 
 def describe(setting: Microbatching | None) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import time
@@ -16,10 +15,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from autoshard import specs, validate
 from autoshard.accumulate import active_pipeline, seconds_to_beat
 from autoshard.apply import Decision, collection_paused, propagation_gives
-from autoshard.bounds import memory_floor, tiebreak_ceiling
 from autoshard.breakdown import cost_breakdown, memory_parts
 from autoshard.cache import PLANS, cache_dir, plan_key
-from autoshard.coarsen import coarsen
 from autoshard.cost import CostGraph, build_cost_graph, operand_reshard_seconds
 from autoshard.errors import InputError, MemoryBudgetError, PinError
 from autoshard.hardware import Backend, Hardware, default_hardware
@@ -27,8 +24,9 @@ from autoshard.mesh import as_auto_mesh
 from autoshard.plan import ArgumentInfo, Plan, PlanCost, PlannedProgram, program_fingerprint
 from autoshard.pipeline import constraint_pins
 from autoshard.progress import PlanProgress
-from autoshard.solve import (Evaluation, InfeasibleBudget, Request, Touching, evaluate, evaluation,
-                             group_seconds, solve)
+from autoshard.search import solve_copies
+from autoshard.solve import (CannotBeat, Evaluation, InfeasibleBudget, Request, Touching, evaluation,
+                             group_seconds)
 from autoshard.strategies import build_strategies
 from autoshard.trace import build_graph, hold_static_leaves, trace_program
 from autoshard.units import axis_sizes
@@ -428,56 +426,32 @@ def solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s,
     backend = Backend.of(mesh)
     space = build_strategies(graph, sizes, hw, pinned, backend.combined,
                              backend.reduction_itemsize)
-    # copies several readers share are first held once per reader, a smaller problem;
-    # held once each when the budget binds (their memory then lives from the first reader
-    # that may make it, so neither pricing bounds the other)
-    bounded = None   # the group choice with per-read copies
-    for share in (False, True):
-        show.stage(f"pricing {space.num_strategies()} strategies")
+    enumerated = time.perf_counter()
+    show.stage(f"pricing {space.num_strategies()} strategies")
+
+    def price(share: bool):
+        nonlocal donated
         cg = build_cost_graph(space, donated, backend.native_reduce_scatter, share)
         unkept = unkept_donations(cg, donated, user_pinned)
         if unkept:   # not aliased: each such output takes its own buffer
             warn_unaliased(graph, unkept, pinned)
             donated = [pair for pair in donated if pair not in unkept]
             cg = build_cost_graph(space, donated, backend.native_reduce_scatter, share)
-        request = build_request(cg, budget, time_limit_s)
-        costed = time.perf_counter()
-        floor = memory_floor(request)
-        if floor > budget:   # no plan fits: known without solving
-            result = InfeasibleBudget(floor)
-        else:
-            show.stage(f"coarsening {cg.num_groups} groups")
-            coarse = coarsen(cg, request, reuse=reuse)
-            coarsened = time.perf_counter()
-            show.stage(f"solving {coarse.num_classes} groups "
-                       f"({sum(len(c) for c in coarse.request.node_costs)} strategies)")
-            try:
-                result = solve(with_seconds_to_beat(coarse.request, request))
-            except InfeasibleBudget as e:
-                result = e
-        if not cg.held_per_read or not (isinstance(result, InfeasibleBudget)
-                                        or result.budget_binds):
-            break
-        if not isinstance(result, InfeasibleBudget):
-            bounded = coarse.expand(result.choice)
+        return cg, build_request(cg, budget, time_limit_s)
+
+    stages = {"trace": traced - started, "cost": enumerated - traced}   # seconds each
+    try:
+        solved = solve_copies(price, budget, reuse, seconds_to_beat(), show.stage, stages)
+    except CannotBeat as e:
+        e.stage_seconds = stages
+        raise
+    cg, request, coarse, result = solved.cost_graph, solved.request, solved.coarse, solved.result
     if isinstance(result, InfeasibleBudget):
-        if result.smallest_bytes <= budget and donated:   # memory alone rules nothing out
-            raise donation_budget_error(graph, donated, budget, result.smallest_bytes,
-                                        sizes) from None
-        reached = ("every plan holds at least" if floor > budget else
-                   "the smallest the planner reached is")
-        raise MemoryBudgetError(
-            f"no plan fits the memory budget of {budget:.4g} bytes per device on mesh {sizes}; "
-            f"{reached} {result.smallest_bytes:.4g} bytes", budget,
-            result.smallest_bytes) from None
-    solved = time.perf_counter()
+        error = budget_error(solved, graph, donated, budget, sizes)
+        error.stage_seconds = stages
+        raise error from None
     show.stage("writing the plan")
     choice = coarse.expand(result.choice)
-    if bounded is not None:   # the plan with per-read copies, where it fits and is faster
-        seconds, peak = evaluate(request, bounded)
-        if peak <= budget and seconds < evaluate(request, choice)[0]:
-            choice = bounded
-            result = dataclasses.replace(result, objective=seconds, memory_bytes=peak)
     found = evaluation(request, choice)
     chosen = cg.node_strategies(choice)
     reshards = operand_reshard_seconds(cg, chosen)
@@ -500,20 +474,21 @@ def solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s,
         "tiebreak_s": found.tiebreak_s,
         "lower_bound_s": result.lower_bound, "groups": cg.num_groups,
         "solved_groups": coarse.num_classes, "nodes": len(graph.nodes),
-        "edges": len(cg.edges), "trace_s": traced - started, "cost_s": costed - traced,
-        "coarsen_s": coarsened - costed, "solve_s": solved - coarsened,
+        "edges": len(cg.edges), **{f"{stage}_s": s for stage, s in stages.items()},
         "plan_s": time.perf_counter() - started, "cache": None})
     return plan_
 
 
-def with_seconds_to_beat(solved: Request, whole: Request) -> Request:
-    """``solved`` (the coarsened ``whole``) told the step seconds of the best plan the
-    caller has (``accumulate.seconds_to_beat``), plus the most the byte tiebreak adds, so
-    that the solver gives up (``CannotBeat``) only where no plan is faster."""
-    beat = seconds_to_beat()
-    if beat is None:
-        return solved
-    return dataclasses.replace(solved, seconds_to_beat=beat + tiebreak_ceiling(whole))
+def budget_error(solved, graph, donated, budget: float, sizes) -> Exception:
+    """Why no plan fits: a donation that rules every plan out, or the budget."""
+    smallest = solved.result.smallest_bytes
+    if smallest <= budget and donated:   # memory alone rules nothing out
+        return donation_budget_error(graph, donated, budget, smallest, sizes)
+    reached = ("every plan holds at least" if solved.floor > budget else
+               "the smallest the planner reached is")
+    return MemoryBudgetError(
+        f"no plan fits the memory budget of {budget:.4g} bytes per device on mesh {sizes}; "
+        f"{reached} {smallest:.4g} bytes", budget, smallest)
 
 
 def tiebreak_seconds(request: Request, choice) -> float:

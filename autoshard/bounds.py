@@ -22,12 +22,11 @@ from autoshard.solve import LiveRows, Request, allowed_mask
 def term_floors(request: Request) -> np.ndarray:
     """Per memory term (group terms, edge terms, shared copies, as rows number them), its
     fewest bytes under any allowed choice; a shared copy need not be made."""
-    floors = [float(np.min(np.asarray(b, float)[allowed_mask(request, g)]))
-              for g, b in request.memory_terms]
+    masks = [allowed_mask(request, g) for g in range(len(request.node_costs))]
+    floors = [float(np.min(np.asarray(b, float)[masks[g]])) for g, b in request.memory_terms]
     for u, v, m in request.edge_memory_terms:
         m = np.asarray(m, float)
-        mask_u, mask_v = allowed_mask(request, u), allowed_mask(request, v)
-        pairs = np.diag(m)[mask_u] if u == v else m[np.ix_(mask_u, mask_v)]
+        pairs = np.diag(m)[masks[u]] if u == v else m[masks[u]][:, masks[v]]
         floors.append(float(pairs.min()))
     floors += [0.0] * len(request.shared_memory_terms)
     return np.asarray(floors, float)

@@ -189,7 +189,7 @@ def reduction_variants(node, name, in_specs, out_specs, out_shapes, out_bytes, p
     axis_sizes, hw = ctx.axis_sizes, ctx.hardware
     num_bytes = out_bytes[0]
 
-    def priced(kind, seconds_fn, axes):
+    def priced(kind, seconds_fn, axes, num_bytes=num_bytes):
         n, bw = group_of(axes, axis_sizes), hw.group_bandwidth(axes)
         seconds = seconds_fn(num_bytes, n, bw, hw.link_latency) * node.weight
         if kind in ctx.combined_kinds:   # the combiner pays the latency once for all,
@@ -220,9 +220,36 @@ def reduction_variants(node, name, in_specs, out_specs, out_shapes, out_bytes, p
         scattered = out[d] + partial_axes
         if size % group_of(scattered, axis_sizes) == 0:
             spec = out[:d] + (scattered,) + out[d + 1:]
-            variants.append(Strategy(name + f" reduce-scatter({'+'.join(partial_axes)})->{d}",
-                                     in_specs, (spec,), compute_s, seconds, scatter, joins))
+            replicas = math.prod(n for a, n in axis_sizes.items()
+                                 if a not in specs.spec_axes(spec))
+            if first or replicas == 1 or replicas % group_of(partial_axes, axis_sizes):
+                variants.append(Strategy(name + f" reduce-scatter({'+'.join(partial_axes)})->{d}",
+                                         in_specs, (spec,), compute_s, seconds, scatter, joins))
+            else:
+                shard_bytes = num_bytes / group_of(partial_axes, axis_sizes)
+                variants.append(replicated_scatter(node, name, in_specs, spec, compute_s,
+                                                   partial_axes, d, shard_bytes, priced, ctx))
     return variants
+
+
+def replicated_scatter(node, name, in_specs, spec, compute_s, partial_axes, d, shard_bytes,
+                       priced, ctx) -> Strategy:
+    """A contraction scattered onto a spec that leaves mesh axes unused (its result
+    replicated along them over at least as many devices as it scatters over, a multiple
+    of them): XLA's partitioner splits the partial result among those replicas first,
+    all-reduces each device's part over the contracted axes and sends it to the device
+    the spec wants it on. x P(None, "model") @ w P("model", None) -> P("model") all-
+    reduces half the result over model, then permutes that half across data and model,
+    on 8x2, 4x2 and 2x2 meshes; on 2x4 and 2x8 (fewer replicas than model's devices) it
+    reduce-scatters."""
+    ar, joins = priced("all-reduce", hwlib.all_reduce_seconds, partial_axes, shard_bytes)
+    axes = tuple(a for a in ctx.axis_sizes if ctx.axis_sizes[a] > 1)
+    permute = hwlib.collective_permute_seconds(shard_bytes, ctx.hardware.group_bandwidth(axes),
+                                               ctx.hardware.link_latency) * node.weight
+    collectives = (Collective("all-reduce", partial_axes, shard_bytes, ar),
+                   Collective("collective-permute", axes, shard_bytes, permute))
+    return Strategy(name + f" reduce-scatter({'+'.join(partial_axes)})->{d}", in_specs,
+                    (spec,), compute_s, ar + permute, collectives, joins)
 
 
 def value_strategies(shape, axis_sizes, pinned: Spec | None = None) -> list[Strategy]:

@@ -174,11 +174,11 @@ def llama_part(args) -> None:
     print(f"LLaMA-3-70B shape: {cfg.layers} layers, d_model {cfg.d_model}, FFN {cfg.d_ff}, "
           f"batch {cfg.batch} x {cfg.seq}, bf16, Adam; {cfg.param_count() / 1e9:.1f}e9 "
           f"params (GELU MLP); mesh 8x8, budget 80 GB per device")
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     plan = autoshard.plan(case.train_step, *case.args, mesh=mesh, hardware=hw,
                           donate_argnums=case.donate_argnums, microbatches="auto",
                           remat="auto", progress=False)
-    plan_s = time.perf_counter() - started
+    plan_s, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
     m = plan.microbatching
     print(f"microbatches K = {m.microbatches if m else 1}, remat = "
           f"{(m.remat if m else None) or 'none'}")
@@ -189,10 +189,23 @@ def llama_part(args) -> None:
           f"{plan.cost.comm_s:.3f} s); planning took {plan_s:.1f} s")
     print(f"the chosen setting's program: {plan.solver['nodes']} nodes, "
           f"{plan.solver['groups']} groups, {plan.solver['solved_groups']} solved")
-    print("settings tried (planning seconds each):")
+    print("settings tried (planning seconds each: trace / cost / coarsen / solve):")
     for tried in plan.solver.get("settings", []):
-        print(f"  {tried['setting']:32}{tried['plan_s']:>7.1f} s  {tried['outcome']}"
+        print(f"  {tried['setting']:32}{tried['plan_s']:>7.1f} s  ({stage_split(tried)})  "
+              f"{tried['outcome']}"
               + (f", step {tried['step_s']:.3f} s" if tried["step_s"] is not None else ""))
+    totals = {stage: sum((t["stage_s"] or {}).get(stage) or 0.0
+                         for t in plan.solver.get("settings", []))
+              for stage in ("trace", "cost", "coarsen", "solve")}
+    print(f"planning {plan_s:.1f} s wall, {cpu_s:.1f} s CPU: " +
+          ", ".join(f"{stage} {s:.1f} s" for stage, s in totals.items()))
+
+
+def stage_split(tried: dict) -> str:
+    """A setting's planning seconds per stage, as ``plan.solver["settings"]`` lists them."""
+    stages = tried.get("stage_s") or {}
+    return " / ".join(f"{stages.get(stage) or 0.0:.1f}"
+                      for stage in ("trace", "cost", "coarsen", "solve"))
 
 
 def main() -> None:

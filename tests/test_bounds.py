@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import autoshard
-from autoshard import api, models
+from autoshard import api, models, search
 from autoshard.accumulate import Microbatching, microbatching
 from autoshard.bounds import memory_floor, tiebreak_ceiling
 from autoshard.coarsen import coarsen
@@ -147,9 +147,9 @@ def test_plan_rejects_below_floor_without_solving(monkeypatch):
     mesh = mesh_of((2, 4))
     floor = memory_floor(requests("gpt_scan", "as written")[0][0])
 
-    def no_solve(request):
+    def no_solve(request, **_):
         raise AssertionError("solved a request the floor rules out")
-    monkeypatch.setattr(api, "solve", no_solve)
+    monkeypatch.setattr(search, "solve", no_solve)
     with pytest.raises(autoshard.MemoryBudgetError, match="every plan holds at least") as e:
         autoshard.plan(case.train_step, *case.abstract_args(), mesh=mesh,
                        hardware=autoshard.H100, memory_budget=floor * 0.99, cache=False,

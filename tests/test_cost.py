@@ -13,11 +13,14 @@ import itertools
 import jax
 import jax.numpy as jnp
 import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
 
+import autoshard
 from autoshard import specs
 from autoshard.cost import build_cost_graph, reshard_collectives, reshard_seconds
-from autoshard.hardware import Hardware
+from autoshard.hlo_report import hlo_report
 from autoshard.strategies import build_strategies
+from autoshard.hardware import Hardware
 from autoshard.trace import trace
 
 HW = Hardware(flops=1e12, hbm_bandwidth=1e11, memory=1e9,
@@ -61,10 +64,141 @@ def test_an_axis_moving_dims_is_an_all_to_all():
     assert moves((("a",), ()), ((), ("a",))) == [("all-to-all", ("a",), 32768, 3.29376e-6)]
 
 
-def test_an_axis_swapped_for_another_gathers_then_slices():
-    # P(b) -> P(a): b is gathered (65536 bytes at 4e10 over 4: 1e-6 + 3/4 * 65536 / 4e10
-    # = 2.2288 µs); joining a is a local slice, free
-    assert moves((("b",), ()), (("a",), ())) == [("all-gather", ("b",), 65536, 2.2288e-6)]
+def test_an_axis_swapped_for_a_smaller_one_permutes_then_gathers():
+    # P(b) -> P(a): dim 0 split 4 ways becomes 2 ways, with shards on other devices.
+    # XLA sends each 16384-byte shard (65536 / 4) to where it can be gathered, crossing
+    # a and b (the slower link, 1e10): 1e-6 + 16384 / 1e10 = 2.6384 µs; then gathers
+    # pairs of shards (4 / 2 = 2 devices) along b, the axis P(a) drops, into 32768
+    # bytes: 1e-6 + 1/2 * 32768 / 4e10 = 1.4096 µs
+    assert moves((("b",), ()), (("a",), ())) == [
+        ("collective-permute", ("a", "b"), 16384, 2.6384e-6),
+        ("all-gather", ("b",), 32768, 1.4096e-6)]
+
+
+def test_an_axis_swapped_for_a_larger_one_slices_then_permutes():
+    # P(a) -> P(b): each device holds half of dim 0, and the quarter it wants lies in
+    # another device's half: sliced there and sent, 65536 / 4 = 16384 bytes across a
+    # and b: 1e-6 + 16384 / 1e10 = 2.6384 µs
+    assert moves((("a",), ()), (("b",), ())) == [
+        ("collective-permute", ("a", "b"), 16384, 2.6384e-6)]
+
+
+def test_axes_in_another_order_permute_the_shards():
+    # P((a, b)) -> P((b, a)): the same 8 shards of 8192 bytes on other devices:
+    # 1e-6 + 8192 / 1e10 = 1.8192 µs
+    assert moves((("a", "b"), ()), (("b", "a"), ())) == [
+        ("collective-permute", ("a", "b"), 8192, 1.8192e-6)]
+
+
+def test_two_dims_exchanging_unlike_axes_is_an_all_to_all_then_a_permute():
+    # P(a, b) -> P(b, a): dim 0 goes from 2 to 4 ways, dim 1 from 4 to 2. XLA exchanges
+    # 8192-byte shards over groups of 4 / 2 = 2 along b, the axis leaving dim 1:
+    # 1e-6 + 1/2 * 8192 / 4e10 = 1.1024 µs, plus the peer-major copy 2 * 8192 / 1e11
+    # = 0.16384 µs: 1.26624 µs; then permutes them onto the devices P(b, a) wants:
+    # 1e-6 + 8192 / 1e10 = 1.8192 µs
+    assert moves((("a",), ("b",)), (("b",), ("a",))) == [
+        ("all-to-all", ("b",), 8192, 1.26624e-6),
+        ("collective-permute", ("a", "b"), 8192, 1.8192e-6)]
+
+
+def test_a_replicated_array_is_sliced_before_it_is_gathered():
+    # P(b) -> P(None, a): a only joins dim 1, which nothing leaves, so each device slices
+    # its half of dim 1 first; b's gather then makes 65536 / 2 = 32768 bytes:
+    # 1e-6 + 3/4 * 32768 / 4e10 = 1.6144 µs (not the whole array's 65536)
+    assert moves((("b",), ()), ((), ("a",))) == [("all-gather", ("b",), 32768, 1.6144e-6)]
+
+
+def test_moving_an_axis_out_from_under_a_gathered_one_gathers_everything():
+    # P((a, b)) -> P(None, a): a would move to dim 1 by all-to-all while b, minor to it,
+    # is gathered; XLA's partitioner has no such step and gathers the whole array over
+    # all 8 devices, then slices: 1e-6 + 7/8 * 65536 / 1e10 = 6.7344 µs
+    assert moves((("a", "b"), ()), ((), ("a",))) == [
+        ("all-gather", ("a", "b"), 65536, 6.7344e-6)]
+    # with the gathered axis major, b moves by all-to-all (1e-6 + 3/4 * 8192 / 4e10
+    # + 2 * 8192 / 1e11 of copying = 1.31744 µs) and a is gathered after, into
+    # P(None, b)'s 65536 / 4 = 16384 bytes: 1e-6 + 1/2 * 16384 / 1e10 = 1.8192 µs
+    assert moves((("a", "b"), ()), ((), ("b",))) == [
+        ("all-to-all", ("b",), 8192, 1.31744e-6), ("all-gather", ("a",), 16384, 1.8192e-6)]
+
+
+def compiled_moves(src, dst):
+    """(kind, bytes) of each collective XLA compiles for resharding f32[64, 256] from
+    ``src`` to ``dst`` on the 2x4 mesh, as ``hlo_report`` reads them; sorted."""
+    mesh = autoshard.make_mesh((2, 4), ("a", "b"))
+    fn = jax.jit(lambda x: x * 2,
+                 in_shardings=NamedSharding(mesh, specs.to_partition_spec(src)),
+                 out_shardings=NamedSharding(mesh, specs.to_partition_spec(dst)))
+    report = hlo_report(fn.lower(jax.ShapeDtypeStruct(SHAPE, F32)).compile(), HW, mesh)
+    return sorted((c.kind, c.num_bytes) for c in report.collectives for _ in range(c.count))
+
+
+def predicted_moves(src, dst):
+    return sorted((c.kind, c.num_bytes)
+                  for c in reshard_collectives(SHAPE, F32, src, dst, SIZES, HW))
+
+
+WORKED = [((("b",), ()), (("a",), ())), ((("a",), ()), (("b",), ())),
+          ((("a", "b"), ()), (("b", "a"), ())), ((("a",), ("b",)), (("b",), ("a",))),
+          ((("b",), ()), ((), ("a",))), ((("a", "b"), ()), ((), ("a",))),
+          ((("a", "b"), ()), ((), ("b",)))]
+
+
+@pytest.mark.parametrize("src,dst", WORKED)
+def test_the_worked_reshards_are_what_xla_compiles(src, dst):
+    assert predicted_moves(src, dst) == compiled_moves(src, dst)
+
+
+# P(b) -> P(a, b): XLA slices a off dim 0 first, moves b to dim 1 by all-to-all (8192
+# bytes) and permutes; the model moves b first (16384 bytes), then slices a.
+APART = {((("b",), ()), (("a",), ("b",)))}
+
+
+@pytest.mark.slow
+def test_every_reshard_is_what_xla_compiles():
+    # every pair of the nine specs of f32[64, 256] on the 2x4 mesh: the same collectives
+    # with the same bytes as the compiled program, but for the pairs in APART
+    options = list(specs.enumerate_specs(SHAPE, SIZES))
+    apart = [(src, dst) for src, dst in itertools.product(options, repeat=2)
+             if predicted_moves(src, dst) != compiled_moves(src, dst)]
+    assert set(apart) == APART
+
+
+def scatter_moves(axis):
+    """The collectives of x f32[64, 128] split over ``axis`` on its contracted dim, times
+    w f32[128, 256] split alike, reduce-scattered onto rows P(axis): as the strategy
+    prices them, and as XLA compiles them on the 2x4 mesh."""
+    x, w = jax.ShapeDtypeStruct((64, 128), F32), jax.ShapeDtypeStruct((128, 256), F32)
+    graph = trace(lambda a, b: a @ b, x, w)
+    dot = next(n for n in graph.nodes if n.primitive == "dot_general")
+    strategy = next(s for s in build_strategies(graph, SIZES, HW).strategies[dot.id]
+                    if s.name.endswith(f"reduce-scatter({axis})->0")
+                    and s.out_specs == (((axis,), ()),))
+    mesh = autoshard.make_mesh((2, 4), ("a", "b"))
+    fn = jax.jit(lambda a, b: a @ b,
+                 in_shardings=(NamedSharding(mesh, P(None, axis)), NamedSharding(mesh, P(axis))),
+                 out_shardings=NamedSharding(mesh, P(axis)))
+    report = hlo_report(fn.lower(x, w).compile(), HW, mesh)
+    return ([(c.kind, c.axes, c.num_bytes, pytest.approx(c.seconds)) for c in strategy.collectives],
+            sorted((c.kind, c.num_bytes) for c in report.collectives))
+
+
+def test_a_scatter_onto_rows_replicated_over_more_devices_all_reduces_then_permutes():
+    # Scattered over a (2 devices), the rows stay replicated over b's 4: XLA splits the
+    # 65536-byte partial result among the replicas, all-reduces each device's 32768-byte
+    # half over a: 1e-6 + 2 * 1/2 * 32768 / 1e10 = 4.2768 µs, and sends it to the device
+    # P(a) wants it on, across a and b: 1e-6 + 32768 / 1e10 = 4.2768 µs
+    predicted, compiled = scatter_moves("a")
+    assert predicted == [("all-reduce", ("a",), 32768, 4.2768e-6),
+                         ("collective-permute", ("a", "b"), 32768, 4.2768e-6)]
+    assert compiled == sorted((kind, num_bytes) for kind, _, num_bytes, _ in predicted)
+
+
+def test_a_scatter_onto_rows_replicated_over_fewer_devices_reduce_scatters():
+    # Scattered over b (4 devices), the rows replicated over a's 2: a reduce-scatter of
+    # the 65536-byte partial result, 1e-6 + 3/4 * 65536 / 4e10 = 2.2288 µs
+    predicted, compiled = scatter_moves("b")
+    assert predicted == [("reduce-scatter", ("b",), 65536, 2.2288e-6)]
+    assert compiled == [("reduce-scatter", 65536)]
 
 
 def test_slicing_is_free():

@@ -108,12 +108,12 @@ def test_differing_pins_on_a_donated_pair_name_both(mesh_2d):
 def test_donation_under_a_budget_is_named_not_blamed_on_pins(mesh_1d, monkeypatch):
     """Where plans ignoring the donation ties fit the budget but the solver finds none
     keeping them (no pins at all), the error names the budget and the donated arguments."""
-    from autoshard import api
+    from autoshard import search
     from autoshard.solve import InfeasibleBudget
 
-    def no_plan_keeps_the_ties(request):
+    def no_plan_keeps_the_ties(request, **_):
         raise InfeasibleBudget(0.5 * request.memory_budget)
-    monkeypatch.setattr(api, "solve", no_plan_keeps_the_ties)
+    monkeypatch.setattr(search, "solve", no_plan_keeps_the_ties)
     with pytest.raises(autoshard.MemoryBudgetError, match=r"donated: 'w'.*leave those "
                                                           r"arguments undonated") as info:
         autoshard.plan(sgd_step, W, make_batch(8), mesh=mesh_1d, donate_argnums=(0,),

@@ -12,7 +12,7 @@ import numpy as np
 
 from autoshard.cost.grouping import Grouping, Menu
 from autoshard.cost.liveness import EdgeMemoryTerm, Liveness, MemoryTerm
-from autoshard.cost.reshard import Interner, ReshardPrices
+from autoshard.cost.reshard import Interner, ReshardPrices, kept_prices
 from autoshard.cost.shared import SharedCopies, SharedCost, SharedReshard
 from autoshard.solve import LiveRows, SecondsParts
 from autoshard.strategies import StrategySpace
@@ -98,6 +98,8 @@ class _Builder(Grouping, ReshardPrices, SharedCopies, Liveness):
         self.graph = space.graph
         self.hw = space.hardware
         self.axis_sizes = space.axis_sizes
+        self.axis_items = tuple(space.axis_sizes.items())
+        self.kept_prices = kept_prices(self.hw)
         self.donated = tuple(donated)
         self.donated_outputs = {k for k, _ in donated}
         self.donated_arg_of_output = {self.graph.output_nodes[k]: arg for k, arg in donated}
