@@ -186,7 +186,7 @@ def quotient(request: Request, class_of: np.ndarray) -> Request:
             c = class_of[g]
             mine = set(np.asarray(request.allowed[g]).tolist())
             allowed[c] = mine if allowed[c] is None else allowed[c] & mine
-    ties, node_allowed = [], {}
+    ties = []
     for u, v, keys_u, keys_v in request.ties:
         cu, cv = int(class_of[u]), int(class_of[v])
         if cu == cv:   # one choice for both: only strategies whose keys agree

@@ -98,7 +98,6 @@ class Grouping:
     def follow(self, node, i) -> np.ndarray:
         value = self.graph.values[node.operands[i]]
         u = value.producer
-        g = self.group_of_node[u]
         strategies = self.space.strategies[node.id]
         srcs = self.out_specs(u, value.index)
         # strategies are shared by identical nodes and held by the space

@@ -207,7 +207,6 @@ class Liveness:
         """(term, first node, last node) of the copies XLA makes of operands it reads in
         another layout (``transposed_reads``), in the spec their reader wants; live like
         any copy (see ``copy_starts``): a weight's from the start of the program."""
-        graph = self.graph
         for value_id, node_id, i in transposed:
             dsts = self.menus[node_id].in_lists[i]
             yield (MemoryTerm(self.group_of_node[node_id],

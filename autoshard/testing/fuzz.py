@@ -418,7 +418,7 @@ def op_loop(b: Builder):
                     "    return jnp.tanh(c) * 2"]
         return b.emit(f"lax.cond(jnp.sum({idx.name}) % 2 == 0, {name}, lambda c: c * c, "
                       f"{x.name})", x.shape, x.dtype)
-    b.lines += [f"@jax.checkpoint",
+    b.lines += ["@jax.checkpoint",
                 f"def {name}(c):",
                 "    return jnp.sin(c) * jnp.tanh(c) + c"]
     return b.emit(f"{name}({x.name})", x.shape, x.dtype)
