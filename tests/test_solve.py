@@ -321,3 +321,26 @@ def test_clock_limited_branching_never_returns_worse_than_the_incumbent(seed, mo
     assert result.status == "time_limit"   # the incumbent, not greedy's fallback
     assert result.lower_bound <= best * (1 + 1e-9) <= result.objective * (1 + 1e-9)
     assert result.objective <= evaluate(request, greedy(request))[0] * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_priced_lps_from_the_last_basis_match_cold_ones(seed, monkeypatch):
+    # the Lagrangian's LPs differ in their costs alone: each re-solved from the last
+    # basis has the optimum of the same LP solved cold through milp, and the pricing
+    # reaches the same plan within the budget and the same bound
+    request = budgeted_request(seed)
+    ilp = solve_module._Ilp(request)
+    start = ilp.solve(60)[0]
+    priced = solve_module.PricedLp(ilp)
+    rng = np.random.default_rng(seed)
+    for _ in range(4):
+        extra = ilp.memory_coefficients(rng.random(solve_module.num_terms(request)) * 1e-2)
+        warm, status = priced.solve(60.0, extra)
+        assert status == 0
+        warm_objective = ilp.objective_s
+        ilp.relax(60.0, extra)
+        assert warm_objective == pytest.approx(ilp.objective_s, rel=1e-9, abs=1e-12)
+    warm = solve_module.lagrangian(request, ilp, start, time.perf_counter() + 60)
+    monkeypatch.setattr(solve_module, "highs_core", None)   # every LP cold through milp
+    cold = solve_module.lagrangian(request, ilp, start, time.perf_counter() + 60)
+    assert warm[1] == pytest.approx(cold[1]) and warm[2] == pytest.approx(cold[2])
