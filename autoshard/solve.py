@@ -723,7 +723,7 @@ def lagrangian(request: Request, ilp: _Ilp, choice: np.ndarray, deadline: float)
     (best choice within the budget or None, its seconds, a lower bound on the budgeted
     optimum in seconds)."""
     budget = request.memory_budget
-    priced = PricedLp(ilp)
+    priced = PricedLp(ilp, warm=ilp.num_vars > WARM_MIN_VARIABLES)
     unit = max(evaluate(request, choice)[0], 1e-9) / budget   # the budget costs a plan
     shape = np.zeros(len(row_bytes(request, choice)))
     best, best_seconds, bound = None, np.inf, 0.0
@@ -757,15 +757,22 @@ def lagrangian(request: Request, ilp: _Ilp, choice: np.ndarray, deadline: float)
 
 
 
-class PricedLp:
-    """The LP relaxation of ``ilp`` under changing costs: each solve starts from the last
-    one's optimal basis, where the Lagrangian's LPs, which differ in their memory prices
-    alone, need a fraction of a cold solve's simplex iterations (a tenth of its time on a
-    70e9-parameter train step). Cold ``_Ilp.relax`` where scipy's HiGHS is not at hand."""
+# Past this many variables, the Lagrangian's LPs start from the last one's basis: below,
+# a cold LP takes milliseconds, and starting afresh keeps the vertex HiGHS's presolve
+# picks among equal optima
+WARM_MIN_VARIABLES = EXACT_MAX_VARIABLES
 
-    def __init__(self, ilp: _Ilp):
+
+class PricedLp:
+    """The LP relaxation of ``ilp`` under changing costs. ``warm``: each solve starts from
+    the last one's optimal basis, where the Lagrangian's LPs, which differ in their memory
+    prices alone, need a fraction of a cold solve's simplex iterations (a tenth of its
+    time on a 70e9-parameter train step); else, or where scipy's HiGHS bindings are not
+    at hand, each is solved cold (``_Ilp.solve``)."""
+
+    def __init__(self, ilp: _Ilp, warm: bool = True):
         self.ilp = ilp
-        self.highs = None if highs_core is None else highs_model(ilp)
+        self.highs = highs_model(ilp) if warm and highs_core is not None else None
 
     def solve(self, time_limit_s: float, extra_cost: np.ndarray):
         """(the relaxation's largest x per group, or None; milp's status: 0 optimal, 1 out

@@ -340,6 +340,7 @@ def test_priced_lps_from_the_last_basis_match_cold_ones(seed, monkeypatch):
         warm_objective = ilp.objective_s
         ilp.relax(60.0, extra)
         assert warm_objective == pytest.approx(ilp.objective_s, rel=1e-9, abs=1e-12)
+    monkeypatch.setattr(solve_module, "WARM_MIN_VARIABLES", 0)   # warm at any size
     warm = solve_module.lagrangian(request, ilp, start, time.perf_counter() + 60)
     monkeypatch.setattr(solve_module, "highs_core", None)   # every LP cold through milp
     cold = solve_module.lagrangian(request, ilp, start, time.perf_counter() + 60)
