@@ -566,6 +566,7 @@ class _Ilp:
         self.lower, self.upper, self.num_rows = lower, upper, row
         self.integrality = np.zeros(self.num_vars)
         self.integrality[: self.num_x] = 1
+        self._highs = None   # the relaxation held by HiGHS, with its last basis (``lp``)
         self.var_upper = np.ones(self.num_vars)
         for g in range(len(request.node_costs)):
             mask = allowed_mask(request, g)
@@ -605,6 +606,7 @@ class _Ilp:
         self.lower.append(-np.inf)
         self.upper.append(1.0)
         self.num_rows += 1
+        self._highs = None
 
     def solve(self, time_limit_s: float, extra_cost: np.ndarray | None = None,
               rounded: bool = False):
@@ -651,7 +653,17 @@ class _Ilp:
         HiGHS's presolve is off: on these relaxations (one-hot rows, edge products tied to
         their groups by equalities) it removes little and its reductions and postsolve
         cost more than they save. A coarsened GPT's relaxation (15k rows, 120k variables)
-        solves in half the time without it, to the same solution."""
+        solves in half the time without it, to the same solution.
+
+        Past ``WARM_MIN_VARIABLES``, solved in ``lp()``, whose basis the Lagrangian's LPs
+        then start from (``PricedLp``)."""
+        if self.num_vars > WARM_MIN_VARIABLES and highs_core is not None:
+            x, status = lp_solve(self.lp(), time_limit_s, self.cost)
+            if x is not None:
+                self.objective_s = lp_objective_s(self.lp())
+                self.reduced_costs = (np.asarray(self.lp().getSolution().col_dual)
+                                      / SECONDS_SCALE)
+            return x, status
         a, lower, upper = self.matrix(), np.asarray(self.lower), np.asarray(self.upper)
         equal = lower == upper
         above, below = ~equal & np.isfinite(lower), ~equal & np.isfinite(upper)
@@ -667,6 +679,13 @@ class _Ilp:
         self.objective_s = res.fun / SECONDS_SCALE
         self.reduced_costs = (res.lower.marginals + res.upper.marginals) / SECONDS_SCALE
         return res.x, res.status
+
+    def lp(self):
+        """The relaxation held by HiGHS (scipy's bindings), built once: each solve starts
+        from the last one's basis."""
+        if self._highs is None:
+            self._highs = highs_model(self)
+        return self._highs
 
     def branch(self, time_limit_s: float, extra_cost: np.ndarray | None = None,
                excluded: np.ndarray | None = None):
@@ -765,37 +784,51 @@ WARM_MIN_VARIABLES = EXACT_MAX_VARIABLES
 
 class PricedLp:
     """The LP relaxation of ``ilp`` under changing costs. ``warm``: each solve starts from
-    the last one's optimal basis, where the Lagrangian's LPs, which differ in their memory
+    the last one's optimal basis (the unconstrained relaxation's first, where ``cheapest``
+    solved it in ``ilp.lp()``), where the Lagrangian's LPs, which differ in their memory
     prices alone, need a fraction of a cold solve's simplex iterations (a tenth of its
     time on a 70e9-parameter train step); else, or where scipy's HiGHS bindings are not
     at hand, each is solved cold (``_Ilp.solve``)."""
 
     def __init__(self, ilp: _Ilp, warm: bool = True):
         self.ilp = ilp
-        self.highs = highs_model(ilp) if warm and highs_core is not None else None
+        self.warm = warm and highs_core is not None
 
     def solve(self, time_limit_s: float, extra_cost: np.ndarray):
         """(the relaxation's largest x per group, or None; milp's status: 0 optimal, 1 out
         of time, 2 infeasible, 4 other), rounded as ``_Ilp.solve(rounded=True)``."""
-        if self.highs is None:
+        if not self.warm:
             return self.ilp.solve(time_limit_s, extra_cost, rounded=True)
-        ilp, highs = self.ilp, self.highs
-        highs.setOptionValue("time_limit", max(time_limit_s, 1.0))
-        highs.changeColsCost(ilp.num_vars, np.arange(ilp.num_vars, dtype=np.int32),
-                             ilp.objective(extra_cost))
-        highs.run()
-        status = highs.getModelStatus()
-        if status != highs_core.HighsModelStatus.kOptimal:
-            return None, HIGHS_STATUS.get(status.name, 4)
-        ilp.objective_s = highs.getInfo().objective_function_value / SECONDS_SCALE
-        return ilp.choice_of(np.asarray(highs.getSolution().col_value)), 0
+        x, status = lp_solve(self.ilp.lp(), time_limit_s, self.ilp.objective(extra_cost))
+        if x is None:
+            return None, status
+        self.ilp.objective_s = lp_objective_s(self.ilp.lp())
+        return self.ilp.choice_of(x), status
 
 
-HIGHS_STATUS = {"kTimeLimit": 1, "kIterationLimit": 1, "kInfeasible": 2}
+# HiGHS model statuses as milp's: 0 optimal, 1 out of time or iterations, 2 infeasible
+HIGHS_STATUS = {"kOptimal": 0, "kTimeLimit": 1, "kIterationLimit": 1, "kInfeasible": 2}
+
+
+def lp_solve(highs, time_limit_s: float, cost: np.ndarray):
+    """(every variable's value or None, milp's status) of the LP ``highs`` holds, with
+    objective ``cost`` (microseconds), from its last basis."""
+    highs.setOptionValue("time_limit", max(time_limit_s, 1.0))
+    highs.changeColsCost(len(cost), np.arange(len(cost), dtype=np.int32), cost)
+    highs.run()
+    status = HIGHS_STATUS.get(highs.getModelStatus().name, 4)
+    if status != 0:
+        return None, status
+    return np.asarray(highs.getSolution().col_value), 0
+
+
+def lp_objective_s(highs) -> float:
+    return highs.getInfo().objective_function_value / SECONDS_SCALE
 
 
 def highs_model(ilp: _Ilp):
-    """A HiGHS instance holding ``ilp``'s relaxation, quiet."""
+    """A HiGHS instance holding ``ilp``'s relaxation: quiet, dual simplex, no presolve
+    (as ``_Ilp.relax_with_reduced_costs`` solves it)."""
     a = ilp.matrix().tocsc()
     lp = highs_core.HighsLp()
     lp.num_col_, lp.num_row_ = ilp.num_vars, ilp.num_rows
@@ -808,7 +841,9 @@ def highs_model(ilp: _Ilp):
     lp.a_matrix_.start_, lp.a_matrix_.index_ = a.indptr, a.indices
     lp.a_matrix_.value_ = a.data
     highs = highs_core._Highs()
-    highs.setOptionValue("output_flag", False)
+    for option, value in (("output_flag", False), ("presolve", "off"),
+                          ("simplex_strategy", 1)):   # 1: dual simplex
+        highs.setOptionValue(option, value)
     highs.passModel(lp)
     return highs
 

@@ -345,3 +345,23 @@ def test_priced_lps_from_the_last_basis_match_cold_ones(seed, monkeypatch):
     monkeypatch.setattr(solve_module, "highs_core", None)   # every LP cold through milp
     cold = solve_module.lagrangian(request, ilp, start, time.perf_counter() + 60)
     assert warm[1] == pytest.approx(cold[1]) and warm[2] == pytest.approx(cold[2])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_relaxation_held_by_highs_has_linprogs_bound_and_reduced_costs(seed, monkeypatch):
+    # past WARM_MIN_VARIABLES the unconstrained relaxation is solved in the ILP's own
+    # HiGHS instance (whose basis the priced LPs start from): on fractional relaxations,
+    # the same bound as linprog's, reduced costs that bound every choice alike, and the
+    # same optimum out of solve
+    request = frustrated_request(seed)
+    cold = solve_module._Ilp(request)
+    cold.relax_with_reduced_costs(60.0)
+    monkeypatch.setattr(solve_module, "WARM_MIN_VARIABLES", 0)
+    held = solve_module._Ilp(request)
+    x, status = held.relax_with_reduced_costs(60.0)
+    assert status == 0 and not solve_module.is_integral(x[: held.num_x])
+    assert held.objective_s == pytest.approx(cold.objective_s, rel=1e-9)
+    for choice in itertools.product(range(2), repeat=len(request.node_costs)):
+        fixed = sum(held.reduced_costs[held.offsets[g] + s] for g, s in enumerate(choice))
+        assert evaluate(request, choice)[0] >= held.objective_s + fixed - 1e-9
+    assert solve(request).objective == pytest.approx(brute_force(request))
