@@ -664,12 +664,8 @@ class _Ilp:
                 self.reduced_costs = (np.asarray(self.lp().getSolution().col_dual)
                                       / SECONDS_SCALE)
             return x, status
-        a, lower, upper = self.matrix(), np.asarray(self.lower), np.asarray(self.upper)
-        equal = lower == upper
-        above, below = ~equal & np.isfinite(lower), ~equal & np.isfinite(upper)
-        res = optimize.linprog(self.cost, A_ub=sparse.vstack([-a[above], a[below]]),
-                               b_ub=np.concatenate([-lower[above], upper[below]]),
-                               A_eq=a[equal], b_eq=lower[equal],
+        a_ub, b_ub, a_eq, b_eq = self.linprog_rows()
+        res = optimize.linprog(self.cost, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=b_eq,
                                bounds=np.stack([np.zeros(self.num_vars), self.var_upper], 1),
                                method="highs-ds",
                                options={"time_limit": max(time_limit_s, 1.0),
@@ -679,6 +675,15 @@ class _Ilp:
         self.objective_s = res.fun / SECONDS_SCALE
         self.reduced_costs = (res.lower.marginals + res.upper.marginals) / SECONDS_SCALE
         return res.x, res.status
+
+    def linprog_rows(self):
+        """The rows as ``linprog`` takes them: (A_ub, b_ub, A_eq, b_eq), rows bounded below
+        negated."""
+        a, lower, upper = self.matrix(), np.asarray(self.lower), np.asarray(self.upper)
+        equal = lower == upper
+        above, below = ~equal & np.isfinite(lower), ~equal & np.isfinite(upper)
+        return (sparse.vstack([-a[above], a[below]]),
+                np.concatenate([-lower[above], upper[below]]), a[equal], lower[equal])
 
     def lp(self):
         """The relaxation held by HiGHS (scipy's bindings), built once: each solve starts
@@ -827,21 +832,24 @@ def lp_objective_s(highs) -> float:
 
 
 def highs_model(ilp: _Ilp):
-    """A HiGHS instance holding ``ilp``'s relaxation: quiet, dual simplex, no presolve
-    (as ``_Ilp.relax_with_reduced_costs`` solves it)."""
-    a = ilp.matrix().tocsc()
+    """A HiGHS instance holding ``ilp``'s relaxation as ``linprog`` poses it in
+    ``_Ilp.relax_with_reduced_costs`` (its rows in that order, one-sided rows as upper
+    bounds, then the equalities; dual simplex, no presolve), so that it lands on the
+    optimum linprog does; quiet."""
+    a_ub, b_ub, a_eq, b_eq = ilp.linprog_rows()
+    a = sparse.csc_array(sparse.vstack([a_ub, a_eq]))
     lp = highs_core.HighsLp()
-    lp.num_col_, lp.num_row_ = ilp.num_vars, ilp.num_rows
+    lp.num_col_, lp.num_row_ = ilp.num_vars, a.shape[0]
     lp.col_cost_ = ilp.cost
     lp.col_lower_, lp.col_upper_ = np.zeros(ilp.num_vars), ilp.var_upper
-    lp.row_lower_ = np.asarray(ilp.lower, float)
-    lp.row_upper_ = np.asarray(ilp.upper, float)
+    lp.row_lower_ = np.concatenate([np.full(len(b_ub), -highs_core.kHighsInf), b_eq])
+    lp.row_upper_ = np.concatenate([b_ub, b_eq])
     lp.a_matrix_.format_ = highs_core.MatrixFormat.kColwise
-    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = ilp.num_vars, ilp.num_rows
+    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = a.shape[1], a.shape[0]
     lp.a_matrix_.start_, lp.a_matrix_.index_ = a.indptr, a.indices
     lp.a_matrix_.value_ = a.data
     highs = highs_core._Highs()
-    for option, value in (("output_flag", False), ("presolve", "off"),
+    for option, value in (("output_flag", False), ("presolve", "off"), ("solver", "simplex"),
                           ("simplex_strategy", 1)):   # 1: dual simplex
         highs.setOptionValue(option, value)
     highs.passModel(lp)
