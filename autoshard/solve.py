@@ -780,7 +780,6 @@ def lagrangian(request: Request, ilp: _Ilp, choice: np.ndarray, deadline: float)
     return best, best_seconds, bound
 
 
-
 # Past this many variables, the Lagrangian's LPs start from the last one's basis: below,
 # a cold LP takes milliseconds, and starting afresh keeps the vertex HiGHS's presolve
 # picks among equal optima
