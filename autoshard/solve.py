@@ -31,7 +31,10 @@ from scipy import optimize, sparse
 
 try:   # HiGHS as scipy bundles it, for LPs re-solved from their last basis (``PricedLp``)
     from scipy.optimize._highspy import _core as highs_core
-except ImportError:   # a scipy without it: every LP solved cold through ``optimize.milp``
+    if not all(hasattr(highs_core, name)
+               for name in ("HighsLp", "_Highs", "MatrixFormat", "kHighsInf")):
+        raise ImportError("scipy's HiGHS bindings lack what warm starts use")
+except ImportError:   # a scipy without them: every LP solved cold through ``optimize.milp``
     highs_core = None
 
 SECONDS_SCALE = 1e6     # the ILP works in microseconds
