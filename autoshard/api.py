@@ -25,8 +25,8 @@ from autoshard.plan import ArgumentInfo, Plan, PlanCost, PlannedProgram, program
 from autoshard.pipeline import constraint_pins
 from autoshard.progress import PlanProgress
 from autoshard.search import solve_copies
-from autoshard.solve import (CannotBeat, Evaluation, InfeasibleBudget, Request, Touching, evaluation,
-                             group_seconds)
+from autoshard.solve import (CannotBeat, Evaluation, InfeasibleBudget, Request, Touching,
+                             evaluation, group_seconds)
 from autoshard.strategies import build_strategies
 from autoshard.trace import build_graph, hold_static_leaves, trace_program
 from autoshard.units import axis_sizes
@@ -201,8 +201,8 @@ def donated_pairs(graph, donate_argnums: Sequence[int]) -> list[tuple[int, int]]
     argument's buffer of the same shape and dtype, first unused argument first."""
     if not donate_argnums:
         return []
-    leaves_per_arg = [len(jax.tree_util.tree_leaves(sub)) for sub in
-                      jax.tree_util.tree_unflatten(graph.in_tree, list(range(len(graph.arg_nodes))))]
+    numbered = jax.tree_util.tree_unflatten(graph.in_tree, list(range(len(graph.arg_nodes))))
+    leaves_per_arg = [len(jax.tree_util.tree_leaves(sub)) for sub in numbered]
     starts = np.cumsum([0] + leaves_per_arg)
     pool = [graph.arg_nodes[i] for a in donate_argnums for i in range(starts[a], starts[a + 1])]
 
@@ -213,7 +213,8 @@ def donated_pairs(graph, donate_argnums: Sequence[int]) -> list[tuple[int, int]]
         if value_id is None:
             continue
         want = key(graph.values[value_id])
-        match = next((n for n in pool if key(graph.values[graph.nodes[n].outputs[0]]) == want), None)
+        match = next((n for n in pool
+                      if key(graph.values[graph.nodes[n].outputs[0]]) == want), None)
         if match is not None:
             pool.remove(match)
             pairs.append((k, match))
