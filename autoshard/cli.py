@@ -289,13 +289,17 @@ def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | N
             respect_annotations: bool, seed: int, checkpoint_dir: Path | None = None,
             checkpoint_every: int = 0, resume: bool = False,
             microbatches: str | None = None, pipeline: str | None = None,
-            full: bool = False) -> None:
+            full: bool = False, repeats: str | None = None) -> None:
     shape, names = parse_mesh(mesh_text, axes)
     count = math.prod(shape)
     budget = parse_bytes(memory_budget) if memory_budget else None
     if budget is not None and not budget > 0:
         raise CliError(f"--memory-budget {memory_budget!r} must be positive")
     check_checkpoint_flags(checkpoint_dir, checkpoint_every, resume)
+    if repeats is not None and pipeline is None:
+        raise CliError("--repeats sets a pipeline's schedule: pass --pipeline too")
+    counts = {name: parse_count(f"--{name}", text) for name, text in
+              (("microbatches", microbatches), ("repeats", repeats)) if text is not None}
     if save_plan is not None:
         from autoshard import validate
         validate.writable_file("--save-plan", save_plan)
@@ -339,8 +343,7 @@ def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | N
     plan_kwargs = dict(mesh=mesh, hardware=hw, memory_budget=budget,
                        donate_argnums=case.donate_argnums,
                        pins=pins if respect_annotations else None)
-    if microbatches is not None:
-        plan_kwargs["microbatches"] = parse_microbatches(microbatches)
+    plan_kwargs.update(counts)
     if pipeline is not None:
         plan_kwargs["pipeline"] = pipeline
     if multi:      # the state must come out as it went in; every process takes process 0's plan
@@ -451,6 +454,9 @@ def zoo(
     pipeline: Optional[str] = typer.Option(
         None, help="run the layer stack as a GPipe pipeline over this mesh axis, or 'auto' "
                    "(each axis, GPipe or circular, or none)"),
+    repeats: Optional[str] = typer.Option(
+        None, help="the pipeline's schedule: 1 (GPipe), V >= 2 (circular, V passes through "
+                   "the stages), or 'auto'"),
 ):
     """Plan, compare, train and check a zoo model on a (simulated) device mesh."""
     if list_models_:
@@ -460,15 +466,15 @@ def zoo(
         raise CliError("name a model (see autoshard zoo --list)")
     run_zoo(model, size, mesh, steps, hardware, memory_budget, save_plan, axes,
             respect_annotations, seed, checkpoint_dir, checkpoint_every, resume,
-            microbatches, pipeline, full)
+            microbatches, pipeline, full, repeats)
 
 
-def parse_microbatches(text: str) -> int | str:
-    """``--microbatches``: a positive count or ``auto``."""
+def parse_count(flag: str, text: str) -> int | str:
+    """A flag taking a positive count or ``auto``."""
     if text == "auto":
         return text
     if not text.isdigit() or int(text) < 1:
-        raise CliError(f"--microbatches takes a positive count or 'auto', not {text!r}")
+        raise CliError(f"{flag} takes a positive count or 'auto', not {text!r}")
     return int(text)
 
 

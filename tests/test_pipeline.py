@@ -488,9 +488,10 @@ def test_hand_written_gpipe_expert_matches_single_device(mesh_2d):
     assert "collective-permute" in hlo
 
 
-def test_cli_microbatches_option():
-    from autoshard.cli import CliError, parse_microbatches
-    assert parse_microbatches("auto") == "auto" and parse_microbatches("4") == 4
+@pytest.mark.parametrize("flag", ["--microbatches", "--repeats"])
+def test_cli_count_options(flag):
+    from autoshard.cli import CliError, parse_count
+    assert parse_count(flag, "auto") == "auto" and parse_count(flag, "4") == 4
     for bad in ("0", "-1", "two", "2.5"):
-        with pytest.raises(CliError, match="--microbatches"):
-            parse_microbatches(bad)
+        with pytest.raises(CliError, match=flag):
+            parse_count(flag, bad)
