@@ -452,7 +452,7 @@ def zoo(
     microbatches: Optional[str] = typer.Option(
         None, help="gradient accumulation: a count K or 'auto' (fastest K within the budget)"),
     pipeline: Optional[str] = typer.Option(
-        None, help="run the layer stack as a GPipe pipeline over this mesh axis, or 'auto' "
+        None, help="run the layer stack as a pipeline over this mesh axis, or 'auto' "
                    "(each axis, GPipe or circular, or none)"),
     repeats: Optional[str] = typer.Option(
         None, help="the pipeline's schedule: 1 (GPipe), V >= 2 (circular, V passes through "
