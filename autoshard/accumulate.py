@@ -251,7 +251,7 @@ def plan_with_microbatches(plan_fn: Callable, fn: Callable, args, mesh, microbat
     budget (``seconds_to_beat``). ``"auto"`` stops at the first K none of whose settings
     beats the best of fewer microbatches, unless memory rejected some of them.
     """
-    check_microbatches(microbatches)
+    check_count("microbatches", microbatches)
     microbatches = 1 if microbatches is None else microbatches
     remats = remat_choices(remat)
     record = TraceRecord()
@@ -316,14 +316,14 @@ def _seconds(*plans) -> float | None:
     return min(found) if found else None
 
 
-def check_microbatches(microbatches) -> None:
-    """``microbatches`` is None, ``"auto"`` or a positive int, or ``InputError``."""
-    if microbatches in (None, "auto"):
+def check_count(name: str, value, meaning: str = "") -> None:
+    """``value`` of option ``name`` is None, ``"auto"`` or a positive int, or
+    ``InputError`` (``meaning``: what its values mean, for the message)."""
+    if value in (None, "auto"):
         return
-    if (not isinstance(microbatches, (int, np.integer)) or isinstance(microbatches, bool)
-            or microbatches < 1):
-        raise InputError(f"microbatches must be None, a positive int or 'auto', "
-                         f"not {microbatches!r}")
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        raise InputError(f"{name} must be None, a positive int{meaning} or 'auto', "
+                         f"not {value!r}")
 
 
 def plan_within_budget(plan_fn, fn, args, setting, failure, record=None, beat=None,
@@ -398,8 +398,8 @@ def plan_with_pipeline(plan_fn: Callable, fn: Callable, args, mesh, pipeline: st
     if pipeline != "auto" and pipeline not in sizes:
         raise InputError(f"pipeline names mesh axis {pipeline!r}; the mesh has "
                          f"{list(sizes)} (or pass 'auto')")
-    check_microbatches(microbatches)
-    check_repeats(repeats)
+    check_count("microbatches", microbatches)
+    check_count("repeats", repeats, " (1: GPipe, V >= 2: the circular schedule)")
     repeats = "auto" if repeats is None and pipeline == "auto" else repeats or 1
     axes = [pipeline] if pipeline != "auto" else [a for a in sizes if sizes[a] > 1]
     best, failure, trail = None, None, []
@@ -425,16 +425,6 @@ def plan_with_pipeline(plan_fn: Callable, fn: Callable, args, mesh, pipeline: st
         raise InputError(f"no layer stack of the marked loss pipelines over {axes}")
     best.solver["settings"] = trail
     return best
-
-
-def check_repeats(repeats) -> None:
-    """``repeats`` is None, ``"auto"`` or a positive int, or ``InputError``."""
-    if repeats in (None, "auto"):
-        return
-    if (not isinstance(repeats, (int, np.integer)) or isinstance(repeats, bool)
-            or repeats < 1):
-        raise InputError(f"repeats must be None, a positive int (1: GPipe, V >= 2: the "
-                         f"circular schedule) or 'auto', not {repeats!r}")
 
 
 def circular_repeats(layers: int, stages: int, microbatches: int) -> list[int]:
