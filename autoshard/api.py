@@ -25,8 +25,8 @@ from autoshard.plan import ArgumentInfo, Plan, PlanCost, PlannedProgram, program
 from autoshard.pipeline import constraint_pins
 from autoshard.progress import PlanProgress
 from autoshard.search import solve_copies
-from autoshard.solve import (CannotBeat, Evaluation, InfeasibleBudget, Request, Touching,
-                             evaluation, group_seconds)
+from autoshard.request import Evaluation, Request, Touching, evaluation, group_seconds
+from autoshard.solve import CannotBeat, InfeasibleBudget
 from autoshard.strategies import build_strategies
 from autoshard.trace import build_graph, hold_static_leaves, trace_program
 from autoshard.units import axis_sizes
@@ -109,19 +109,6 @@ def pin_spec(path, pspec, shape, sizes) -> specs.Spec:
     if not specs.is_valid(shape, spec, sizes):
         raise PinError(f"pin {path!r}: {pspec} does not divide shape {shape} on mesh {sizes}")
     return spec
-
-
-def build_request(cg: CostGraph, memory_budget, time_limit_s) -> Request:
-    return Request(node_costs=cg.node_costs, edges=[(e.src, e.dst, e.cost) for e in cg.edges],
-                   shared_costs=[(c.seconds, c.members) for c in cg.shared_costs],
-                   ties=[(t.u, t.v, t.keys_u, t.keys_v) for t in cg.ties],
-                   memory_terms=[(t.group, t.num_bytes) for t in cg.memory_terms],
-                   edge_memory_terms=[(t.src, t.dst, t.num_bytes) for t in cg.edge_memory_terms],
-                   shared_edge_costs=[(s.seconds, s.members) for s in cg.shared_edge_costs],
-                   shared_memory_terms=cg.shared_copy_terms,
-                   fixed_terms=cg.fixed_terms, memory_rows=cg.memory_rows,
-                   memory_budget=memory_budget, time_limit_s=time_limit_s,
-                   seconds_parts=cg.seconds_parts)
 
 
 def local_costs(request: Request, choice) -> list[np.ndarray]:
@@ -438,7 +425,7 @@ def solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s,
             warn_unaliased(graph, unkept, pinned)
             donated = [pair for pair in donated if pair not in unkept]
             cg = build_cost_graph(space, donated, backend.native_reduce_scatter, share)
-        return cg, build_request(cg, budget, time_limit_s)
+        return cg, cg.request(budget, time_limit_s)
 
     stages = {"trace": traced - started, "cost": enumerated - traced}   # seconds each
     try:

@@ -1,7 +1,7 @@
 """bounds: what no plan of a request can go below, known without solving it.
 
 ``memory_floor`` is a lower bound of the peak bytes per device of every choice of a
-``solve.Request``: each memory term at the fewest bytes any allowed strategy (or pair of
+``request.Request``: each memory term at the fewest bytes any allowed strategy (or pair of
 strategies) gives it, summed over the terms live together, at the row where that sum is
 largest. No choice holds less in that row, so a floor above the budget proves the budget
 infeasible in one pass over the terms, where the solver needs a run of LPs to give up.
@@ -16,20 +16,14 @@ from __future__ import annotations
 import numpy as np
 
 from autoshard.cost import TIEBREAK_SECONDS_PER_BYTE
-from autoshard.solve import LiveRows, Request, allowed_mask
+from autoshard.request import GroupTerm, LiveRows, Request, allowed_mask
 
 
 def term_floors(request: Request) -> np.ndarray:
-    """Per memory term (group terms, edge terms, shared copies, as rows number them), its
-    fewest bytes under any allowed choice; a shared copy need not be made."""
+    """Per memory term, its fewest bytes under any allowed choice; a shared copy need not
+    be made."""
     masks = [allowed_mask(request, g) for g in range(len(request.node_costs))]
-    floors = [float(np.min(np.asarray(b, float)[masks[g]])) for g, b in request.memory_terms]
-    for u, v, m in request.edge_memory_terms:
-        m = np.asarray(m, float)
-        pairs = np.diag(m)[masks[u]] if u == v else m[masks[u]][:, masks[v]]
-        floors.append(float(pairs.min()))
-    floors += [0.0] * len(request.shared_memory_terms)
-    return np.asarray(floors, float)
+    return np.asarray([term.fewest(masks) for term in request.memory_terms], float)
 
 
 def memory_floor(request: Request) -> float:
@@ -53,4 +47,5 @@ def memory_floor(request: Request) -> float:
 def tiebreak_ceiling(request: Request) -> float:
     """Seconds the byte tiebreak adds to a choice's objective, at most: every group term
     at its largest."""
-    return TIEBREAK_SECONDS_PER_BYTE * sum(float(np.max(b)) for _, b in request.memory_terms)
+    return TIEBREAK_SECONDS_PER_BYTE * sum(float(np.max(term.num_bytes))
+                                           for _, term in request.terms_of(GroupTerm))

@@ -30,7 +30,8 @@ from typing import Sequence
 import numpy as np
 
 from autoshard.cost import CostGraph
-from autoshard.solve import Request, allowed_mask
+from autoshard.request import (CopyTerm, Edge, GroupTerm, MemoryTerm, PairTerm, Request,
+                               SharedCost, SharedEdgeCost, Tie, allowed_mask)
 
 REFINE_ROUNDS = 4
 PERIOD = 2   # copies alternate between this many classes: Megatron pairs column and row
@@ -193,7 +194,7 @@ def quotient(request: Request, class_of: np.ndarray) -> Request:
             same = set(np.flatnonzero(keys_u == keys_v).tolist())
             allowed[cu] = same if allowed[cu] is None else allowed[cu] & same
         else:
-            ties.append((cu, cv, keys_u, keys_v))
+            ties.append(Tie(cu, cv, keys_u, keys_v))
     shared: dict[tuple, float] = {}   # copies of a layer's latency: one entry, summed
     for seconds, members in request.shared_costs:
         key = tuple(sorted({(int(class_of[g]), s) for g, s in members}))
@@ -203,16 +204,24 @@ def quotient(request: Request, class_of: np.ndarray) -> Request:
                                       for seconds, members in request.shared_edge_costs])
     return dataclasses.replace(
         request, node_costs=node_costs,
-        edges=[(u, v, m) for (u, v), m in edges.items()],
-        memory_terms=[(int(class_of[g]), b) for g, b in request.memory_terms],
-        # both ends in one class: the term's diagonal (the class chooses once)
-        edge_memory_terms=[(int(class_of[u]), int(class_of[v]), m)
-                           for u, v, m in request.edge_memory_terms],
+        edges=[Edge(u, v, m) for (u, v), m in edges.items()],
+        memory_terms=[term_over_classes(term, class_of, entry_of)
+                      for term in request.memory_terms],
         allowed=[None if a is None else np.array(sorted(a), dtype=np.int64) for a in allowed],
-        shared_costs=[(seconds, members) for members, seconds in shared.items()],
+        shared_costs=[SharedCost(seconds, members) for members, seconds in shared.items()],
         shared_edge_costs=shared_edges,
-        shared_memory_terms=[(entry_of[k], b) for k, b in request.shared_memory_terms],
         ties=_unique_ties(ties), seconds_parts=None)
+
+
+def term_over_classes(term: MemoryTerm, class_of: np.ndarray, entry_of: list[int]):
+    """A memory term of the request over classes (``quotient``): on its groups' classes,
+    or on its shared copy's merged entry. A pair term whose groups share a class counts
+    its diagonal (the class chooses once)."""
+    if isinstance(term, GroupTerm):
+        return GroupTerm(int(class_of[term.group]), term.num_bytes)
+    if isinstance(term, PairTerm):
+        return PairTerm(int(class_of[term.u]), int(class_of[term.v]), term.num_bytes)
+    return CopyTerm(entry_of[term.copy], term.num_bytes)
 
 
 def _merged(shared_edges):
@@ -228,7 +237,7 @@ def _merged(shared_edges):
             by_condition[key] = len(merged)
             merged.append([seconds, members])
         entry_of.append(by_condition[key])
-    return [(seconds, members) for seconds, members in merged], entry_of
+    return [SharedEdgeCost(seconds, members) for seconds, members in merged], entry_of
 
 
 def _unique_ties(ties):
@@ -237,7 +246,7 @@ def _unique_ties(ties):
         key = (u, v, ku.tobytes(), kv.tobytes())
         if key not in seen:
             seen.add(key)
-            out.append((u, v, ku, kv))
+            out.append(Tie(u, v, ku, kv))
     return out
 
 
@@ -260,10 +269,14 @@ def strategy_features(request: Request) -> list[np.ndarray]:
             add(v, m.T)
     for u, v, m in request.edges:
         add_pair(u, v, m)
-    for g, b in request.memory_terms:
-        add(g, np.asarray(b, float)[:, None])
-    for u, v, m in request.edge_memory_terms:
-        add_pair(u, v, m)
+    for term in request.memory_terms:
+        if isinstance(term, GroupTerm):
+            add(term.group, np.asarray(term.num_bytes, float)[:, None])
+        elif isinstance(term, PairTerm):
+            add_pair(*term)
+        else:   # held if its copy is made
+            for u, v, paid in request.shared_edge_costs[term.copy].members:
+                add_pair(u, v, np.asarray(paid, float) * float(term.num_bytes))
     for seconds, members in request.shared_costs:
         by_group: dict[int, np.ndarray] = {}
         for g, s in members:
@@ -273,9 +286,6 @@ def strategy_features(request: Request) -> list[np.ndarray]:
     for seconds, members in request.shared_edge_costs:   # paid if any member is marked
         for u, v, paid in members:
             add_pair(u, v, np.asarray(paid, float) * seconds)
-    for k, num_bytes in request.shared_memory_terms:   # held if its copy is made
-        for u, v, paid in request.shared_edge_costs[k][1]:
-            add_pair(u, v, np.asarray(paid, float) * float(num_bytes))
     for u, v, keys_u, keys_v in request.ties:
         add(u, np.stack([keys_u, -keys_u], axis=1))
         add(v, np.stack([keys_v, -keys_v], axis=1))

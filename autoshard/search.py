@@ -18,7 +18,8 @@ from typing import Callable
 
 from autoshard.bounds import memory_floor, tiebreak_ceiling
 from autoshard.coarsen import Coarsened, coarsen
-from autoshard.solve import InfeasibleBudget, Request, Result, solve
+from autoshard.request import Request
+from autoshard.solve import InfeasibleBudget, Result, solve
 
 
 @dataclasses.dataclass

@@ -1,10 +1,9 @@
 """solve: pick one strategy per group, minimizing time under a per-device memory budget.
 
-The solver sees only numbers (no jax): a ``Request`` of cost vectors, edge resharding
-matrices and memory terms; it returns a ``Result``. ``evaluation`` prices any choice
-independently, every part of it in one place (``Evaluation``: compute, collectives,
-resharding, shared latencies, peak memory, budget and tie violations), so tests can check
-the solver's arithmetic and the plan's reported cost reads the same sums.
+The solver sees only numbers (no jax): a ``request.Request`` of cost vectors, edge
+resharding matrices and memory terms; it returns a ``Result``. ``request.evaluation``
+prices any choice independently, so tests can check the solver's arithmetic and the plan's
+reported cost reads the same sums.
 
 The ILP (scipy.optimize.milp, HiGHS): a binary x[g, s] per group strategy, one-hot per
 group; per pair of groups a continuous e[r, c] over the distinct rows and columns of the
@@ -29,6 +28,10 @@ from typing import Sequence
 import numpy as np
 from scipy import optimize, sparse
 
+from autoshard.request import (CopyTerm, GroupTerm, LiveRows, PairTerm, Request, Touching,
+                               allowed_mask, evaluate, fits, group_seconds, is_valid,
+                               peak_memory, row_bytes, tie_mask)
+
 try:   # HiGHS as scipy bundles it, for LPs re-solved from their last basis (``PricedLp``)
     from scipy.optimize._highspy import _core as highs_core
     if not all(hasattr(highs_core, name)
@@ -51,88 +54,6 @@ FIRST_SLACK = 0.25
 # microseconds); a variable is fixed only past the gap by this much more, relative to the
 # incumbent's seconds (far above that tolerance)
 REDUCED_COST_TOLERANCE = 1e-6
-
-
-class LiveRows(Sequence):
-    """Memory rows given as live ranges: row r < len(points) holds every term whose range
-    [start, end] covers points[r]; the ``explicit`` rows follow, as lists of terms. Sums
-    over all rows cost one pass, not one per row, so long programs stay cheap."""
-
-    def __init__(self, terms, starts, ends, points, explicit=()):
-        self.terms = np.asarray(terms, dtype=np.int64)
-        self.starts = np.asarray(starts, dtype=np.int64)
-        self.ends = np.asarray(ends, dtype=np.int64)
-        self.points = np.asarray(points, dtype=np.int64)
-        self.explicit = tuple(tuple(r) for r in explicit)
-        # the rows each term is live in: [first, last) over points
-        self.first = np.searchsorted(self.points, self.starts, side="left")
-        self.last = np.searchsorted(self.points, self.ends, side="right")
-
-    def __len__(self) -> int:
-        return len(self.points) + len(self.explicit)
-
-    def __getitem__(self, r):
-        if r >= len(self.points):
-            return self.explicit[r - len(self.points)]
-        live = (self.first <= r) & (r < self.last)
-        return tuple(int(t) for t in np.sort(self.terms[live]))
-
-    def sums(self, values: np.ndarray) -> np.ndarray:
-        """Bytes of every row, given the bytes of every term."""
-        diff = np.zeros(len(self.points) + 1)
-        np.add.at(diff, self.first, values[self.terms])
-        np.add.at(diff, self.last, -values[self.terms])
-        live = np.cumsum(diff)[:-1]
-        explicit = [values[list(r)].sum() if r else 0.0 for r in self.explicit]
-        return np.concatenate([live, explicit])
-
-
-@dataclasses.dataclass(frozen=True)
-class SecondsParts:
-    """What a request's seconds are made of. Per group g, ``node_costs[g]`` is
-    ``compute[g] + collectives[g] + reshard[g]`` (resharding inside the group) plus
-    ``tiebreak_seconds_per_byte`` times the bytes of g's memory terms; edges are
-    resharding between groups; shared costs are latencies of combined collectives; shared
-    edge costs are resharded copies several readers share, or latencies where
-    ``latency_edges`` marks them."""
-    compute: Sequence[np.ndarray]
-    collectives: Sequence[np.ndarray]
-    reshard: Sequence[np.ndarray]
-    latency_edges: Sequence[bool] = ()      # per shared edge cost
-    tiebreak_seconds_per_byte: float = 0.0
-
-
-@dataclasses.dataclass(frozen=True)
-class Request:
-    node_costs: Sequence[np.ndarray]                      # per group, seconds per strategy
-    edges: Sequence[tuple[int, int, np.ndarray]]          # (group u, group v, cost[su, sv])
-    memory_terms: Sequence[tuple[int, np.ndarray]] = ()   # (group, bytes per strategy)
-    fixed_terms: Sequence[int] = ()                       # terms counted in every row
-    memory_rows: Sequence[Sequence[int]] = ()             # terms live together
-    memory_budget: float | None = None                    # bytes per device
-    allowed: Sequence[np.ndarray | None] = ()             # per group: allowed strategies
-    # (seconds, members): paid once if any member (group, strategy) is chosen
-    shared_costs: Sequence[tuple[float, Sequence[tuple[int, int]]]] = ()
-    # (u, v, keys_u, keys_v): groups u and v must pick strategies with equal keys
-    ties: Sequence[tuple[int, int, np.ndarray, np.ndarray]] = ()
-    time_limit_s: float = 60.0
-    # (u, v, bytes[su, sv]): memory that depends on two groups' strategies (a copy of u's
-    # result resharded for v). Rows index them after memory_terms: edge term k is term
-    # len(memory_terms) + k. u == v means one group: bytes[s, s].
-    edge_memory_terms: Sequence[tuple[int, int, np.ndarray]] = ()
-    # (seconds, members (u, v, paid[su, sv])): paid once if any member's pair of choices
-    # is marked, as one resharded copy of a value that several readers want in one spec.
-    # u == v means one group: paid[s, s].
-    shared_edge_costs: Sequence[tuple[float, Sequence[tuple[int, int, np.ndarray]]]] = ()
-    # (shared edge cost k, bytes): the copy held if k is paid. Rows index them after the
-    # edge memory terms.
-    shared_memory_terms: Sequence[tuple[int, float]] = ()
-    # seconds a caller already has a plan for: where no choice regardless of memory is
-    # cheaper, solving under the budget is skipped (``CannotBeat``)
-    seconds_to_beat: float | None = None
-    # node_costs and shared edge costs told apart (``Evaluation``); per group, so a
-    # request over other groups (``coarsen.quotient``) drops them
-    seconds_parts: SecondsParts | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,128 +81,6 @@ class InfeasibleBudget(Exception):
         super().__init__(
             f"no choice fits the memory budget; smallest reached {smallest_bytes:.4g} B")
         self.smallest_bytes = smallest_bytes
-
-
-@dataclasses.dataclass(frozen=True)
-class Evaluation:
-    """The cost of one choice of a request, every part of it (``evaluation``).
-
-    ``seconds`` is what the solver minimizes; it is the sum of the five parts
-    ``compute_s + collective_s + reshard_s + latency_s + tiebreak_s``. Without
-    ``Request.seconds_parts`` (hand-built or coarsened requests) group seconds count as
-    compute and shared edge costs as resharding.
-    """
-    seconds: float
-    peak_bytes: float            # per device, the fullest memory row
-    compute_s: float
-    collective_s: float          # collectives inside strategies (combined latencies aside)
-    reshard_s: float             # edges, resharding inside groups, shared copies
-    latency_s: float             # combined collectives' latencies, paid once
-    tiebreak_s: float            # the price per byte held that breaks ties of equal time
-    over_budget_bytes: float     # the peak past ``Request.memory_budget``; 0 within it
-    broken_ties: int             # ties (``Request.ties``) whose keys differ
-
-    @property
-    def comm_s(self) -> float:
-        """Seconds moving data: collectives, their latencies and resharding."""
-        return self.collective_s + self.latency_s + self.reshard_s
-
-    @property
-    def feasible(self) -> bool:
-        return self.over_budget_bytes == 0.0 and self.broken_ties == 0
-
-
-def evaluation(request: Request, choice: Sequence[int]) -> Evaluation:
-    """Every part of the cost of ``choice`` (a strategy per group), from the request alone."""
-    node_s = sum(float(c[choice[g]]) for g, c in enumerate(request.node_costs))
-    edge_s = sum(float(m[choice[u], choice[v]]) for u, v, m in request.edges)
-    once, paid = shared_paid(request, choice)
-    parts = request.seconds_parts
-    latency_edges = parts.latency_edges if parts is not None else ()
-    copies = sum(request.shared_edge_costs[k][0] for k in paid
-                 if not (k < len(latency_edges) and latency_edges[k]))
-    latencies = sum(request.shared_edge_costs[k][0] for k in paid
-                    if k < len(latency_edges) and latency_edges[k])
-    if parts is None:
-        compute, collective, inside, tiebreak = node_s, 0.0, 0.0, 0.0
-    else:
-        compute, collective, inside = (sum(float(v[choice[g]]) for g, v in enumerate(vectors))
-                                       for vectors in (parts.compute, parts.collectives,
-                                                       parts.reshard))
-        tiebreak = parts.tiebreak_seconds_per_byte * sum(
-            float(b[choice[g]]) for g, b in request.memory_terms)
-    peak = peak_memory(request, choice)
-    budget = request.memory_budget
-    return Evaluation(
-        seconds=plan_seconds(request, choice), peak_bytes=peak, compute_s=compute,
-        collective_s=collective, reshard_s=inside + edge_s + copies,
-        latency_s=once + latencies, tiebreak_s=tiebreak,
-        over_budget_bytes=max(0.0, peak - budget) if budget is not None else 0.0,
-        broken_ties=sum(int(keys_u[choice[u]] != keys_v[choice[v]])
-                        for u, v, keys_u, keys_v in request.ties))
-
-
-def plan_seconds(request: Request, choice) -> float:
-    """``Evaluation.seconds`` alone: group, edge and shared seconds, summed as the solver
-    sums them (its hot loops read this, not the parts)."""
-    once, paid = shared_paid(request, choice)
-    return (sum(float(c[choice[g]]) for g, c in enumerate(request.node_costs))
-            + sum(float(m[choice[u], choice[v]]) for u, v, m in request.edges)
-            + (once + sum(request.shared_edge_costs[k][0] for k in paid)))
-
-
-def shared_paid(request: Request, choice) -> tuple[float, list[int]]:
-    """The seconds of the shared costs ``choice`` pays, and the shared edge costs it pays
-    (their indices)."""
-    once = sum(seconds for seconds, members in request.shared_costs
-               if any(choice[g] == s for g, s in members))
-    return once, [k for k, marked in enumerate(shared_edges_paid(request, choice)) if marked]
-
-
-def evaluate(request: Request, choice: Sequence[int]) -> tuple[float, float]:
-    """(seconds, peak bytes per device) of ``choice``: ``Evaluation.seconds`` and
-    ``.peak_bytes`` without the rest of ``evaluation``."""
-    return plan_seconds(request, choice), peak_memory(request, choice)
-
-
-def shared_edges_paid(request: Request, choice) -> list[bool]:
-    """Per shared edge cost: whether ``choice`` marks any of its members."""
-    return [any(paid[choice[u], choice[v]] for u, v, paid in members)
-            for _, members in request.shared_edge_costs]
-
-
-def term_values(request: Request, choice) -> np.ndarray:
-    """Bytes of every memory term under ``choice``: group terms, edge terms, then shared
-    copies."""
-    paid = shared_edges_paid(request, choice)
-    return np.array([float(b[choice[g]]) for g, b in request.memory_terms]
-                    + [float(m[choice[u], choice[v]]) for u, v, m in request.edge_memory_terms]
-                    + [float(b) if paid[k] else 0.0 for k, b in request.shared_memory_terms])
-
-
-def row_bytes(request: Request, choice) -> np.ndarray:
-    values = term_values(request, choice)
-    fixed = values[list(request.fixed_terms)].sum() if request.fixed_terms else 0.0
-    if isinstance(request.memory_rows, LiveRows):
-        rows = request.memory_rows.sums(values) if len(request.memory_rows) else [0.0]
-    else:
-        rows = [values[list(r)].sum() if r else 0.0 for r in request.memory_rows] or [0.0]
-    return fixed + np.asarray(rows)
-
-
-def peak_memory(request: Request, choice) -> float:
-    if not num_terms(request):
-        return 0.0
-    return float(row_bytes(request, choice).max())
-
-
-def allowed_mask(request: Request, g: int) -> np.ndarray:
-    n = len(request.node_costs[g])
-    if g < len(request.allowed) and request.allowed[g] is not None:
-        mask = np.zeros(n, bool)
-        mask[np.asarray(request.allowed[g])] = True
-        return mask
-    return np.ones(n, bool)
 
 
 def greedy(request: Request) -> np.ndarray:
@@ -314,73 +113,6 @@ def tie_up(request: Request, choice: np.ndarray) -> np.ndarray:
             if len(matches):
                 choice[u] = int(min(matches, key=lambda s: request.node_costs[u][s]))
     return choice
-
-
-
-@dataclasses.dataclass(frozen=True)
-class Touching:
-    """Per group, the indices of the edges, shared costs and shared edge costs it is in."""
-    edges: list
-    shared: list
-    shared_edges: list
-
-    @classmethod
-    def of(cls, request: Request) -> "Touching":
-        n = len(request.node_costs)
-        edges, shared, shared_edges = ([[] for _ in range(n)] for _ in range(3))
-        for k, (u, v, _) in enumerate(request.edges):
-            edges[u].append(k)
-            edges[v].append(k)
-        for k, (_, members) in enumerate(request.shared_costs):
-            for g in dict.fromkeys(g for g, _ in members):
-                shared[g].append(k)
-        for k, (_, members) in enumerate(request.shared_edge_costs):
-            for g in dict.fromkeys(x for u, v, _ in members for x in (u, v)):
-                shared_edges[g].append(k)
-        return cls(edges, shared, shared_edges)
-
-
-def group_seconds(request: Request, choice, g: int, touching: Touching) -> np.ndarray:
-    """Per strategy of group g, the plan's seconds that depend on g's choice (the rest
-    held at ``choice``): moving g from s to t changes the plan by [t] - [s]."""
-    total = np.asarray(request.node_costs[g], float).copy()
-    for k in touching.edges[g]:
-        u, v, m = request.edges[k]
-        total += m[:, choice[v]] if u == g else m[choice[u], :]
-    for k in touching.shared[g]:
-        seconds, members = request.shared_costs[k]
-        if not any(h != g and choice[h] == s for h, s in members):
-            total[sorted({s for h, s in members if h == g})] += seconds
-    for k in touching.shared_edges[g]:
-        seconds, members = request.shared_edge_costs[k]
-        total += seconds * shared_edge_marks(members, choice, g, len(total))
-    return total
-
-
-def shared_edge_marks(members, choice, g: int, num_strategies: int) -> np.ndarray:
-    """Per strategy of group g, whether a shared edge cost with ``members`` is paid when
-    g takes it and the other groups keep ``choice``."""
-    paid = np.zeros(num_strategies, bool)
-    for u, v, m in members:
-        if u == g and v == g:
-            paid |= np.diag(m).astype(bool)
-        elif u == g or v == g:
-            paid |= np.asarray(m[:, choice[v]] if u == g else m[choice[u], :], bool)
-        elif m[choice[u], choice[v]]:
-            paid[:] = True   # paid whatever g chooses
-            break
-    return paid
-
-
-def tie_mask(request: Request, choice, g: int) -> np.ndarray:
-    """Strategies of group g that keep its ties with the others' choices."""
-    mask = allowed_mask(request, g)
-    for u, v, keys_u, keys_v in request.ties:
-        if u == g and v != g:
-            mask &= keys_u == keys_v[choice[v]]
-        elif v == g and u != g:
-            mask &= keys_v == keys_u[choice[u]]
-    return mask
 
 
 POLISH_PASSES = 4
@@ -420,11 +152,11 @@ def polish(request: Request, choice: np.ndarray, deadline: float,
 
 def smallest_memory_choice(request: Request) -> np.ndarray:
     bytes_per_group = [np.zeros(len(c)) for c in request.node_costs]
-    for g, b in request.memory_terms:
-        bytes_per_group[g] = bytes_per_group[g] + b
-    for u, v, m in request.edge_memory_terms:
-        if u == v:
-            bytes_per_group[u] = bytes_per_group[u] + np.diag(m)
+    for term in request.memory_terms:
+        if isinstance(term, GroupTerm):
+            bytes_per_group[term.group] = bytes_per_group[term.group] + term.num_bytes
+        elif isinstance(term, PairTerm) and term.u == term.v:
+            bytes_per_group[term.u] = bytes_per_group[term.u] + np.diag(term.num_bytes)
     return np.array([int(np.argmin(np.where(allowed_mask(request, g), b, np.inf)))
                      for g, b in enumerate(bytes_per_group)])
 
@@ -442,7 +174,7 @@ def _pairs(request: Request):
     for u, v, m in request.edges:
         key, m = oriented(u, v, m)
         costs[key] = costs[key] + m if key in costs else m
-    for t, (u, v, m) in enumerate(request.edge_memory_terms):
+    for t, (u, v, m) in request.terms_of(PairTerm):
         if u != v:
             key, m = oriented(u, v, m)
             memory.setdefault(key, []).append((t, m))
@@ -580,26 +312,24 @@ class _Ilp:
         its group's x, or on its pair's product e (edge terms), or on the diagonal of its
         one group's x, or on a shared copy's y."""
         coeff = np.zeros(self.num_vars)
-        num_group_terms = len(self.request.memory_terms)
-        num_pair_terms = num_group_terms + len(self.request.edge_memory_terms)
         for t in np.flatnonzero(weights):
-            w = float(weights[t])
-            if t >= num_pair_terms:   # a shared copy: on its y
-                k, num_bytes = self.request.shared_memory_terms[t - num_pair_terms]
-                coeff[self.first_shared_y + k] += w * float(num_bytes)
-            elif t < num_group_terms:
-                g, b = self.request.memory_terms[t]
-                coeff[self.offsets[g]: self.offsets[g + 1]] += w * np.asarray(b, float)
-            elif t - num_group_terms in self.edge_memory:
-                base, keys = self.edge_memory[t - num_group_terms]
+            w, term = float(weights[t]), self.request.memory_terms[t]
+            if isinstance(term, CopyTerm):   # a shared copy: on its y
+                coeff[self.first_shared_y + term.copy] += w * float(term.num_bytes)
+            elif isinstance(term, GroupTerm):
+                g = term.group
+                coeff[self.offsets[g]: self.offsets[g + 1]] += w * np.asarray(term.num_bytes,
+                                                                               float)
+            elif t in self.edge_memory:
+                base, keys = self.edge_memory[t]
                 coeff[base: base + len(keys)] += w * keys
-            else:
-                g, _, m = self.request.edge_memory_terms[t - num_group_terms]
-                coeff[self.offsets[g]: self.offsets[g + 1]] += w * np.diag(m)
+            else:   # a pair term on one group: its diagonal
+                g = term.u
+                coeff[self.offsets[g]: self.offsets[g + 1]] += w * np.diag(term.num_bytes)
         return coeff
 
     def add_memory_row(self, terms: Sequence[int]):
-        weights = np.zeros(num_terms(self.request))
+        weights = np.zeros(len(self.request.memory_terms))
         np.add.at(weights, np.asarray(list(self.request.fixed_terms) + list(terms), np.int64),
                   1.0 / self.request.memory_budget)   # rows are normalized by the budget
         coeff = self.memory_coefficients(weights)
@@ -714,14 +444,9 @@ class _Ilp:
                 for g in range(len(self.offsets) - 1)]
 
 
-def num_terms(request: Request) -> int:
-    return (len(request.memory_terms) + len(request.edge_memory_terms)
-            + len(request.shared_memory_terms))
-
-
 def term_prices(request: Request, row_prices: np.ndarray) -> np.ndarray:
     """Per memory term, the summed price of the rows it is counted in."""
-    prices = np.zeros(num_terms(request))
+    prices = np.zeros(len(request.memory_terms))
     rows = request.memory_rows
     if isinstance(rows, LiveRows):
         n = len(rows.points)
@@ -970,17 +695,6 @@ def incumbent(request: Request, ilp: _Ilp, x: np.ndarray, deadline: float) -> np
         candidates.append(choice)
     valid = [c for c in candidates if is_valid(request, c)]
     return min(valid, key=lambda c: evaluate(request, c)[0]) if valid else None
-
-
-def is_valid(request: Request, choice) -> bool:
-    """Whether ``choice`` takes allowed strategies and keeps every tie."""
-    return (all(allowed_mask(request, g)[s] for g, s in enumerate(choice))
-            and all(keys_u[choice[u]] == keys_v[choice[v]]
-                    for u, v, keys_u, keys_v in request.ties))
-
-
-def fits(request: Request, choice) -> bool:
-    return bool(row_bytes(request, choice).max() <= request.memory_budget * (1 + 1e-9))
 
 
 def finish(request: Request, choice, status: str, start: float,

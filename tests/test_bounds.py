@@ -26,8 +26,9 @@ from autoshard.coarsen import coarsen
 from autoshard.cost import build_cost_graph
 from autoshard.hardware import Backend
 from autoshard.units import axis_sizes
-from autoshard.solve import (CannotBeat, InfeasibleBudget, LiveRows, Request, peak_memory,
-                             smallest_memory_choice, solve)
+from autoshard.request import (CopyTerm, GroupTerm, LiveRows, PairTerm, Request,
+                               SharedEdgeCost, peak_memory)
+from autoshard.solve import CannotBeat, InfeasibleBudget, smallest_memory_choice, solve
 from autoshard.strategies import build_strategies
 from autoshard.testing import plain
 from autoshard.trace import build_graph, trace_program
@@ -68,7 +69,7 @@ def requests(program: str, setting: str):
     out = []
     for share in (False, True):
         cg = build_cost_graph(space, (), Backend.of(mesh).native_reduce_scatter, share)
-        request = api.build_request(cg, None, 30.0)
+        request = cg.request(None, 30.0)
         out.append((request, coarsen(cg, request).request))
     return out
 
@@ -103,21 +104,21 @@ def random_request(rng) -> Request:
     pairs of groups and on one group's diagonal, a shared copy, random live ranges."""
     sizes = [int(rng.integers(1, 4)) for _ in range(int(rng.integers(2, 5)))]
     groups = range(len(sizes))
-    terms = [(g, rng.integers(0, 100, sizes[g]).astype(float)) for g in groups
+    terms = [GroupTerm(g, rng.integers(0, 100, sizes[g]).astype(float)) for g in groups
              for _ in range(int(rng.integers(1, 3)))]
     pairs = [(int(rng.choice(len(sizes))), int(rng.choice(len(sizes))))
              for _ in range(int(rng.integers(0, 3)))]
-    edge_terms = [(u, v, rng.integers(0, 50, (sizes[u], sizes[v])).astype(float))
+    edge_terms = [PairTerm(u, v, rng.integers(0, 50, (sizes[u], sizes[v])).astype(float))
                   for u, v in pairs]
     u, v = (int(g) for g in rng.choice(len(sizes), 2))
-    shared = [(1e-3, [(u, v, rng.random((sizes[u], sizes[v])) < 0.5)])]
+    shared = [SharedEdgeCost(1e-3, [(u, v, rng.random((sizes[u], sizes[v])) < 0.5)])]
     fixed = [t for t in range(len(terms)) if rng.random() < 0.3]
     live = [t for t in range(len(terms) + len(edge_terms) + 1) if t not in fixed]
     starts = rng.integers(0, 5, len(live))
     ends = starts + rng.integers(0, 4, len(live))
     return Request(node_costs=[rng.random(n) for n in sizes], edges=[],
-                   memory_terms=terms, edge_memory_terms=edge_terms,
-                   shared_edge_costs=shared, shared_memory_terms=[(0, float(rng.integers(100)))],
+                   memory_terms=terms + edge_terms + [CopyTerm(0, float(rng.integers(100)))],
+                   shared_edge_costs=shared,
                    fixed_terms=fixed,
                    memory_rows=LiveRows(live, starts, ends, sorted(set(ends.tolist()))))
 
@@ -163,10 +164,11 @@ def test_floor_by_hand():
     # Rows: {0, 1} and {1, 2, 3}; term 0 is also fixed (held in every row).
     request = Request(
         node_costs=[np.zeros(2), np.zeros(2)], edges=[],
-        memory_terms=[(0, np.array([3.0, 7.0])), (1, np.array([5.0, 2.0]))],
-        edge_memory_terms=[(0, 1, np.array([[4.0, 6.0], [1.0, 9.0]]))],
-        shared_edge_costs=[(1.0, [(0, 1, np.array([[True, False], [False, False]]))])],
-        shared_memory_terms=[(0, 100.0)], fixed_terms=[0],
+        memory_terms=[GroupTerm(0, np.array([3.0, 7.0])), GroupTerm(1, np.array([5.0, 2.0])),
+                      PairTerm(0, 1, np.array([[4.0, 6.0], [1.0, 9.0]])), CopyTerm(0, 100.0)],
+        shared_edge_costs=[SharedEdgeCost(1.0, [(0, 1, np.array([[True, False],
+                                                                  [False, False]]))])],
+        fixed_terms=[0],
         memory_rows=LiveRows([1, 2, 3], [0, 0, 0], [0, 1, 1], [0, 1]))
     # fixed 3; row at point 0: term 1 (2) + edge term (1) + shared (0); at point 1: 1
     assert memory_floor(request) == 6.0
@@ -232,7 +234,8 @@ def test_solver_gives_up_only_where_no_choice_beats_the_best():
     # together under 12 B: the fastest choice regardless of memory (2 s, 20 B) does not
     # fit; the fastest that fits takes 3 s (11 B)
     request = Request(node_costs=[np.array([1.0, 2.0]), np.array([1.0, 2.0])], edges=[],
-                      memory_terms=[(0, np.array([10.0, 1.0])), (1, np.array([10.0, 1.0]))],
+                      memory_terms=[GroupTerm(0, np.array([10.0, 1.0])),
+                                    GroupTerm(1, np.array([10.0, 1.0]))],
                       memory_rows=LiveRows([0, 1], [0, 0], [0, 0], [0]), memory_budget=12.0)
     assert solve(request).objective == pytest.approx(3.0)
     assert solve(dataclasses.replace(request, seconds_to_beat=2.5)).objective == \

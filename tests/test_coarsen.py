@@ -18,7 +18,9 @@ import pytest
 import autoshard
 from autoshard import cache as plan_cache
 from autoshard import coarsen, models, progress
-from autoshard.solve import LiveRows, Request, evaluate, solve
+from autoshard.request import (CopyTerm, GroupTerm, LiveRows, PairTerm, Request,
+                               SharedEdgeCost, evaluate)
+from autoshard.solve import solve
 from autoshard.testing import programs
 from autoshard.testing.requests import brute_force
 
@@ -34,7 +36,7 @@ def random_request(rng, groups=6, strategies=3, edges=8, budget=None) -> Request
     for _ in range(edges):
         u, v = sorted(rng.choice(groups, 2, replace=False))
         edge_list.append((int(u), int(v), rng.random((sizes[u], sizes[v]))))
-    terms = [(g, rng.random(sizes[g]) * 10) for g in range(groups)]
+    terms = [GroupTerm(g, rng.random(sizes[g]) * 10) for g in range(groups)]
     rows = LiveRows(terms=range(1, groups), starts=range(1, groups),
                     ends=[min(g + 2, groups) for g in range(1, groups)], points=range(groups))
     return Request(node_costs=[rng.random(s) for s in sizes], edges=edge_list,
@@ -81,8 +83,8 @@ def test_dropping_dominated_strategies_keeps_the_optimum(seed):
             m[3, :] = m[1, :]
         if v == 0:
             m[:, 3] = m[:, 1]
-    terms = [(g, b.copy()) for g, b in request.memory_terms]
-    terms[0][1][3] = terms[0][1][1]
+    terms = [GroupTerm(g, b.copy()) for g, b in request.memory_terms]
+    terms[0].num_bytes[3] = terms[0].num_bytes[1]
     request = Request(node_costs=costs, edges=edges, memory_terms=terms,
                       fixed_terms=request.fixed_terms, memory_rows=request.memory_rows,
                       memory_budget=12.0)
@@ -98,12 +100,12 @@ def test_coarsening_keeps_memory_that_depends_on_two_groups(seed):
     rng = np.random.default_rng(seed)
     base = random_request(rng, groups=6, strategies=3, edges=6)
     pairs = [(0, 1), (2, 0), (4, 5)]            # classes (0, 1), (0, 0), (2, 2)
-    copies = [(u, v, rng.random((3, 3)) * 10) for u, v in pairs]
+    copies = [PairTerm(u, v, rng.random((3, 3)) * 10) for u, v in pairs]
     rows = LiveRows(terms=[1, 2, 3, 6, 7, 8], starts=[0, 0, 1, 0, 1, 1],
                     ends=[1, 2, 2, 1, 2, 2], points=[1, 2])
     request = Request(node_costs=base.node_costs, edges=base.edges,
-                      memory_terms=base.memory_terms, fixed_terms=[0], memory_rows=rows,
-                      edge_memory_terms=copies, memory_budget=25.0)
+                      memory_terms=[*base.memory_terms, *copies], fixed_terms=[0],
+                      memory_rows=rows, memory_budget=25.0)
     assert_quotient_exact(request)
     best = brute_force(request)
     assert np.isfinite(best) and brute_force(coarsen.drop_dominated(request)) == pytest.approx(best)
@@ -223,11 +225,13 @@ def test_coarsening_keeps_copies_paid_once(seed):
     # and the memory it holds
     rng = np.random.default_rng(seed)
     base = random_request(rng, groups=6, strategies=3, edges=6)
-    shared = [(1.5, [(0, 1, rng.random((3, 3)) < 0.5), (0, 3, rng.random((3, 3)) < 0.5)]),
-              (0.7, [(4, 5, rng.random((3, 3)) < 0.5)])]
+    shared = [SharedEdgeCost(1.5, [(0, 1, rng.random((3, 3)) < 0.5),
+                                   (0, 3, rng.random((3, 3)) < 0.5)]),
+              SharedEdgeCost(0.7, [(4, 5, rng.random((3, 3)) < 0.5)])]
     # the first copy holds 4 B while made, counted at every point (a fixed term)
     request = dataclasses.replace(base, shared_edge_costs=shared,
-                                  shared_memory_terms=[(0, 4.0)], fixed_terms=[0, 6])
+                                  memory_terms=[*base.memory_terms, CopyTerm(0, 4.0)],
+                                  fixed_terms=[0, 6])
     assert_quotient_exact(request)
     best = brute_force(request)
     assert brute_force(coarsen.drop_dominated(request)) == pytest.approx(best)

@@ -233,5 +233,5 @@ def test_the_cost_graph_covers_every_node_once():
             assert len(cg.choice[n]) == options
             assert all(0 <= s < len(space.strategies[n]) for s in cg.choice[n])
     for edge in cg.edges:   # seconds for every pair of the two groups' strategies
-        assert edge.cost.shape == (len(cg.node_costs[edge.src]), len(cg.node_costs[edge.dst]))
+        assert edge.cost.shape == (len(cg.node_costs[edge.u]), len(cg.node_costs[edge.v]))
         assert (edge.cost >= 0).all()

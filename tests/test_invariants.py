@@ -23,13 +23,14 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import autoshard
-from autoshard import api, models, specs
+from autoshard import models, specs
 from autoshard.coarsen import coarsen, drop_dominated
 from autoshard.cost import build_cost_graph
 from autoshard.hardware import Backend
 from autoshard.units import axis_sizes
 from autoshard.models.case import TrainCase
-from autoshard.solve import Touching, evaluate, evaluation, group_seconds, solve
+from autoshard.request import Touching, evaluate, evaluation, group_seconds
+from autoshard.solve import solve
 from autoshard.strategies import build_strategies
 from autoshard.testing import plain
 from autoshard.trace import build_graph, trace_program
@@ -158,7 +159,7 @@ def cost_graph(name):
 def solved(name):
     """The pipeline's stages by hand: the full request, the coarsened one, the result."""
     cg = cost_graph(name)
-    request = api.build_request(cg, autoshard.H100.memory, 60.0)
+    request = cg.request(autoshard.H100.memory, 60.0)
     coarse = coarsen(cg, request)
     return request, coarse, solve(coarse.request)
 

@@ -189,7 +189,7 @@ def test_past_the_cap_a_shared_copy_is_held_once_and_paid_per_read(mesh_1d, monk
     """A value with more shared copies than the solver takes on (``MAX_SHARED_COPIES``)
     still holds one copy per wanted spec; only its seconds are paid per read. Built
     without sharing held copies, it holds one per read."""
-    from autoshard import api, cost, solve, strategies, trace
+    from autoshard import api, cost, request as requests, solve, strategies, trace
 
     fn, args, pins = two_readers_of_x(mesh_1d.axis_names[0])
     graph = trace.trace(fn, *args)
@@ -199,9 +199,9 @@ def test_past_the_cap_a_shared_copy_is_held_once_and_paid_per_read(mesh_1d, monk
 
     def priced(share=True):
         cg = cost.build_cost_graph(space, share_held_copies=share)
-        request = api.build_request(cg, None, 60)
+        request = cg.request(None, 60)
         result = solve.solve(request)
-        return cg, result, solve.term_values(request, result.choice).sum()
+        return cg, result, requests.term_values(request, result.choice).sum()
     _, shared, shared_bytes = priced()
     monkeypatch.setattr(cost.shared, "MAX_SHARED_COPIES", 0)   # where shared_copies reads it
     _, capped, capped_bytes = priced()

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from autoshard import solve as solve_module
-from autoshard.solve import (InfeasibleBudget, LiveRows, Request, evaluate, greedy,
-                             peak_memory, solve)
+from autoshard.request import (CopyTerm, GroupTerm, LiveRows, PairTerm, Request,
+                               SharedEdgeCost, Touching, evaluate, group_seconds, peak_memory)
+from autoshard.solve import InfeasibleBudget, greedy, solve
 from autoshard.testing.requests import brute_force
 
 
@@ -28,7 +29,8 @@ def test_memory_budget_forces_smaller_strategy():
     # (1,1): 10+1=11 B > 5 -> infeasible; (0,0): 1+1=2 B, 4 s is the best that fits.
     r = Request(node_costs=[np.array([1.0, 2.0]), np.array([3.0, 1.0])],
                 edges=[(0, 1, np.array([[0.0, 5.0], [5.0, 0.0]]))],
-                memory_terms=[(0, np.array([1.0, 10.0])), (1, np.array([1.0, 1.0]))],
+                memory_terms=[GroupTerm(0, np.array([1.0, 10.0])),
+                              GroupTerm(1, np.array([1.0, 1.0]))],
                 fixed_terms=[0, 1], memory_budget=5.0)
     result = solve(r)
     assert list(result.choice) == [0, 0]
@@ -39,7 +41,8 @@ def test_memory_budget_forces_smaller_strategy():
 def test_impossible_budget_reports_smallest():
     # The smallest any choice keeps is 1 + 1 = 2 B; a 1.5 B budget cannot be met.
     r = Request(node_costs=[np.array([1.0, 2.0]), np.array([3.0, 1.0])], edges=[],
-                memory_terms=[(0, np.array([1.0, 10.0])), (1, np.array([1.0, 1.0]))],
+                memory_terms=[GroupTerm(0, np.array([1.0, 10.0])),
+                              GroupTerm(1, np.array([1.0, 1.0]))],
                 fixed_terms=[0, 1], memory_budget=1.5)
     with pytest.raises(InfeasibleBudget) as info:
         solve(r)
@@ -51,8 +54,9 @@ def test_temporaries_only_count_while_live():
     # Row peaks: 4+5=9 and 4+5=9 with strategy 0; budget 10 allows it (cost 0).
     # If they were counted together (4+5+5=14) the budget would force strategy 1.
     r = Request(node_costs=[np.array([0.0, 1.0]), np.array([0.0, 1.0])], edges=[],
-                memory_terms=[(0, np.array([4.0, 4.0])), (0, np.array([5.0, 1.0])),
-                              (1, np.array([5.0, 1.0]))],
+                memory_terms=[GroupTerm(0, np.array([4.0, 4.0])),
+                              GroupTerm(0, np.array([5.0, 1.0])),
+                              GroupTerm(1, np.array([5.0, 1.0]))],
                 fixed_terms=[0], memory_rows=[(1,), (2,)], memory_budget=10.0)
     result = solve(r)
     assert list(result.choice) == [0, 0] and result.memory_bytes == pytest.approx(9.0)
@@ -109,15 +113,16 @@ def test_resharded_copy_costs_memory_only_for_the_pair_that_makes_it():
     copy = np.array([[0.0, 0.0], [8.0, 0.0]])
     r = Request(node_costs=[np.zeros(2), np.array([1.0, 5.0])],
                 edges=[(0, 1, np.array([[0.0, 0.0], [1.0, 0.0]]))],
-                memory_terms=[(0, np.array([8.0, 1.0]))], fixed_terms=[0],
-                edge_memory_terms=[(0, 1, copy)], memory_rows=[(1,)], memory_budget=5.0)
+                memory_terms=[GroupTerm(0, np.array([8.0, 1.0])), PairTerm(0, 1, copy)],
+                fixed_terms=[0], memory_rows=[(1,)], memory_budget=5.0)
     assert evaluate(r, [1, 0]) == (pytest.approx(2.0), pytest.approx(9.0))
     assert evaluate(r, [0, 0])[1] == pytest.approx(8.0)
     result = solve(r)
     assert list(result.choice) == [1, 1]
     assert result.objective == pytest.approx(5.0) and result.memory_bytes == pytest.approx(1.0)
-    without = solve(Request(node_costs=r.node_costs, edges=r.edges, memory_terms=r.memory_terms,
-                            fixed_terms=[0], memory_budget=5.0))
+    without = solve(Request(node_costs=r.node_costs, edges=r.edges,
+                            memory_terms=r.memory_terms[:1], fixed_terms=[0],
+                            memory_budget=5.0))
     assert list(without.choice) == [1, 0]
 
 
@@ -125,7 +130,7 @@ def test_edge_memory_term_within_one_group_is_its_diagonal():
     # Both ends in group 0 (as after coarsening puts them in one class): strategy s
     # weighs bytes[s, s]: 5 B for strategy 0, 1 B for 1. Budget 2 B forces strategy 1.
     r = Request(node_costs=[np.array([0.0, 1.0])], edges=[],
-                edge_memory_terms=[(0, 0, np.array([[5.0, 0.0], [0.0, 1.0]]))],
+                memory_terms=[PairTerm(0, 0, np.array([[5.0, 0.0], [0.0, 1.0]]))],
                 memory_rows=[(0,)], memory_budget=2.0)
     assert evaluate(r, [0])[1] == pytest.approx(5.0)
     result = solve(r)
@@ -140,7 +145,7 @@ def test_memory_terms_on_the_same_pair_share_one_product():
     first = np.array([[4.0, 0.0], [0.0, 0.0]])
     second = np.array([[0.0, 0.0], [6.0, 0.0]])
     r = Request(node_costs=[np.array([1.0, 0.0]), np.array([0.0, 2.0])], edges=[],
-                edge_memory_terms=[(0, 1, first), (1, 0, second.T)],
+                memory_terms=[PairTerm(0, 1, first), PairTerm(1, 0, second.T)],
                 memory_rows=[(0,), (1,)], memory_budget=5.0)
     result = solve(r)
     assert list(result.choice) == [0, 0]
@@ -155,13 +160,14 @@ def budgeted_request(seed: int, groups: int = 6, strategies: int = 3) -> Request
     for _ in range(8):
         u, v = sorted(rng.choice(groups, 2, replace=False))
         edges.append((int(u), int(v), rng.random((strategies, strategies))))
-    terms = [(g, rng.random(strategies) * 10) for g in range(groups)]
+    terms = [GroupTerm(g, rng.random(strategies) * 10) for g in range(groups)]
     rows = LiveRows(terms=range(1, groups + 1), starts=[*range(1, groups), 0],
                     ends=[*[min(g + 2, groups) for g in range(1, groups)], 1],
                     points=range(groups))
-    request = Request(node_costs=[rng.random(strategies) for _ in range(groups)],
-                      edges=edges, memory_terms=terms, fixed_terms=[0], memory_rows=rows,
-                      edge_memory_terms=[(0, 3, rng.random((strategies, strategies)) * 10)])
+    node_costs = [rng.random(strategies) for _ in range(groups)]
+    terms.append(PairTerm(0, 3, rng.random((strategies, strategies)) * 10))
+    request = Request(node_costs=node_costs, edges=edges, memory_terms=terms, fixed_terms=[0],
+                      memory_rows=rows)
     peaks = [peak_memory(request, c)
              for c in itertools.product(range(strategies), repeat=groups)]
     free = peak_memory(request, solve(request).choice)
@@ -201,7 +207,8 @@ def test_a_copy_two_readers_want_is_paid_once():
         reshard = np.array([[1.0, 0.0], [0.0, 0.0]])   # paid[g0: A, reader: wants B]
         request = Request(node_costs=[np.array([0.0, 10.0]), np.array([1.0, 3.0]),
                                       np.array([1.0, 3.0])], edges=[],
-                          shared_edge_costs=[(copy_s, [(0, 1, reshard), (0, 2, reshard)])])
+                          shared_edge_costs=[SharedEdgeCost(copy_s, [(0, 1, reshard),
+                                                                     (0, 2, reshard)])])
         result = solve(request)
         assert list(result.choice) == [0, readers, readers]
         assert result.objective == pytest.approx(min(copy_s + 2, 6.0))
@@ -216,8 +223,8 @@ def test_shared_edge_costs_match_brute_force(seed):
     for _ in range(4):
         u = int(rng.integers(6))
         readers = rng.choice([g for g in range(6)], 2, replace=False)
-        shared.append((float(rng.random() * 2),
-                       [(u, int(v), rng.random((3, 3)) < 0.4) for v in readers]))
+        shared.append(SharedEdgeCost(float(rng.random() * 2),
+                                     [(u, int(v), rng.random((3, 3)) < 0.4) for v in readers]))
     request = Request(**{**base.__dict__, "shared_edge_costs": shared})
     result = solve(request)
     assert result.objective == pytest.approx(brute_force(request))
@@ -231,9 +238,9 @@ def test_a_shared_copy_is_held_once_and_only_when_made():
     reshard = np.array([[1.0, 0.0], [0.0, 0.0]])
     request = Request(node_costs=[np.array([0.0, 10.0]), np.array([1.0, 3.0]),
                                   np.array([1.0, 3.0])], edges=[],
-                      shared_edge_costs=[(3.0, [(0, 1, reshard), (0, 2, reshard)])],
-                      memory_terms=[(0, np.array([0.0, 0.0]))], fixed_terms=[0],
-                      shared_memory_terms=[(0, 8.0)], memory_rows=[(1,)])
+                      shared_edge_costs=[SharedEdgeCost(3.0, [(0, 1, reshard), (0, 2, reshard)])],
+                      memory_terms=[GroupTerm(0, np.array([0.0, 0.0])), CopyTerm(0, 8.0)],
+                      fixed_terms=[0], memory_rows=[(1,)])
     assert evaluate(request, [0, 0, 0]) == (5.0, 8.0)
     assert evaluate(request, [0, 1, 1]) == (6.0, 0.0)
     assert list(solve(request).choice) == [0, 0, 0]
@@ -248,8 +255,8 @@ def request_with_shared_costs(seed: int) -> Request:
     request = budgeted_request(seed)
     shared = [(float(rng.random()), [(int(g), int(rng.integers(3))) for g in rng.choice(6, 3)])
               for _ in range(3)]
-    shared_edges = [(float(rng.random()),
-                     [(0, int(v), rng.random((3, 3)) < 0.4) for v in (1, 2, 2)])
+    shared_edges = [SharedEdgeCost(float(rng.random()),
+                                   [(0, int(v), rng.random((3, 3)) < 0.4) for v in (1, 2, 2)])
                     for _ in range(2)]
     return Request(**{**request.__dict__, "shared_costs": shared,
                       "shared_edge_costs": shared_edges})
@@ -258,11 +265,11 @@ def request_with_shared_costs(seed: int) -> Request:
 @pytest.mark.parametrize("seed", range(4))
 def test_group_seconds_are_the_plan_seconds_of_moving_one_group(seed):
     request = request_with_shared_costs(seed)
-    touching = solve_module.Touching.of(request)
+    touching = Touching.of(request)
     choice = np.random.default_rng(seed).integers(3, size=6)
     base = evaluate(request, choice)[0]
     for g in range(6):
-        seconds = solve_module.group_seconds(request, choice, g, touching)
+        seconds = group_seconds(request, choice, g, touching)
         for s in range(3):
             moved = choice.copy()
             moved[g] = s
@@ -334,7 +341,7 @@ def test_priced_lps_from_the_last_basis_match_cold_ones(seed, monkeypatch):
     priced = solve_module.PricedLp(ilp)
     rng = np.random.default_rng(seed)
     for _ in range(4):
-        extra = ilp.memory_coefficients(rng.random(solve_module.num_terms(request)) * 1e-2)
+        extra = ilp.memory_coefficients(rng.random(len(request.memory_terms)) * 1e-2)
         warm, status = priced.solve(60.0, extra)
         assert status == 0
         warm_objective = ilp.objective_s

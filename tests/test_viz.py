@@ -8,7 +8,8 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import autoshard
-from autoshard import api, cli, judge, solve, specs, viz
+from autoshard import api, cli, judge, specs, viz
+from autoshard.request import Request, SharedCost, evaluation
 from autoshard.testing import programs
 
 
@@ -310,8 +311,8 @@ def test_runner_ups_pay_the_latencies_the_solver_pays():
     # group 0 (an argument) has strategies a and b (1 s each); group 1 reads it. One
     # combined collective's latency (5 s) is paid once if group 0 takes b or group 1 takes
     # its strategy 1.
-    request = solve.Request(node_costs=[np.array([1.0, 1.0]), np.array([0.0, 0.0])], edges=[],
-                            shared_costs=[(5.0, [(0, 1), (1, 1)])])
+    request = Request(node_costs=[np.array([1.0, 1.0]), np.array([0.0, 0.0])], edges=[],
+                      shared_costs=[SharedCost(5.0, [(0, 1), (1, 1)])])
     # nobody pays it yet: b costs the 5 s latency more
     assert list(api.local_costs(request, [0, 0])[0]) == [1.0, 6.0]
     # group 1 pays it already: b costs the same
@@ -322,8 +323,8 @@ def test_runner_ups_pay_the_latencies_the_solver_pays():
             moved = list(choice)
             for s in (0, 1):
                 moved[g] = s
-                assert (solve.evaluation(request, moved).seconds
-                        - solve.evaluation(request, choice).seconds
+                assert (evaluation(request, moved).seconds
+                        - evaluation(request, choice).seconds
                         == pytest.approx(costs[g][s] - costs[g][choice[g]]))
 
 

@@ -12,23 +12,18 @@ One module a concern; this package holds their public names:
 - ``liveness``: per-device memory terms, each live over a range of nodes, as XLA's buffer
   assignment keeps them.
 - ``graph``: the ``CostGraph`` (a cost vector per group: compute, collectives and
-  resharding inside the group; the edges; the memory terms and rows) and the builder that
-  prices a ``StrategySpace`` into it.
+  resharding inside the group; the edges; the memory terms and rows), the builder that
+  prices a ``StrategySpace`` into it, and the ``request.Request`` it hands the solver
+  (``CostGraph.request``).
 
 The facts about XLA these rest on (which values it keeps, which collectives its combiner
 merges, which operands it copies into another layout) live in ``strategies`` and
 ``hardware``; ``docs/architecture.md`` says where each kind of fact goes.
 """
 
-from autoshard.cost.graph import (
-                                  TIEBREAK_SECONDS_PER_BYTE,
-                                  CostGraph,
-                                  Edge,
-                                  Tie,
-                                  build_cost_graph,
-)
+from autoshard.cost.graph import TIEBREAK_SECONDS_PER_BYTE, CostGraph, build_cost_graph
 from autoshard.cost.grouping import Menu
-from autoshard.cost.liveness import POINTER_BYTES, EdgeMemoryTerm, MemoryTerm
+from autoshard.cost.liveness import POINTER_BYTES
 from autoshard.cost.reshard import (
                                   REDUCTIONS,
                                   Interner,
@@ -37,16 +32,10 @@ from autoshard.cost.reshard import (
                                   reshard_collectives,
                                   reshard_seconds,
 )
-from autoshard.cost.shared import (
-                                  MAX_SHARED_COPIES,
-                                  SharedCost,
-                                  SharedReshard,
-                                  shared_reads,
-)
+from autoshard.cost.shared import MAX_SHARED_COPIES, shared_reads
 
 __all__ = [
-    "CostGraph", "Edge", "EdgeMemoryTerm", "Interner", "MAX_SHARED_COPIES", "MemoryTerm",
-    "Menu", "POINTER_BYTES", "REDUCTIONS", "SharedCost", "SharedReshard",
-    "TIEBREAK_SECONDS_PER_BYTE", "Tie", "build_cost_graph", "gather_steps",
+    "CostGraph", "Interner", "MAX_SHARED_COPIES", "Menu", "POINTER_BYTES", "REDUCTIONS",
+    "TIEBREAK_SECONDS_PER_BYTE", "build_cost_graph", "gather_steps",
     "operand_reshard_seconds", "reshard_collectives", "reshard_seconds", "shared_reads",
 ]

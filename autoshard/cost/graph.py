@@ -11,27 +11,12 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from autoshard.cost.grouping import Grouping, Menu
-from autoshard.cost.liveness import EdgeMemoryTerm, Liveness, MemoryTerm
+from autoshard.cost.liveness import Liveness
 from autoshard.cost.reshard import Interner, ReshardPrices, kept_prices
-from autoshard.cost.shared import SharedCopies, SharedCost, SharedReshard
-from autoshard.solve import LiveRows, SecondsParts
+from autoshard.cost.shared import SharedCopies
+from autoshard.request import (Edge, GroupTerm, LiveRows, MemoryTerm, Request, SecondsParts,
+                               SharedCost, SharedEdgeCost, Tie)
 from autoshard.strategies import StrategySpace
-
-
-@dataclasses.dataclass(frozen=True)
-class Edge:
-    src: int                # group
-    dst: int                # group
-    cost: np.ndarray        # [strategies of src, strategies of dst], seconds
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Tie:
-    """Groups u and v must choose strategies with equal keys (the same spec)."""
-    u: int
-    v: int
-    keys_u: np.ndarray      # per strategy of u
-    keys_v: np.ndarray      # per strategy of v
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -42,24 +27,20 @@ class CostGraph:
     choice: tuple[np.ndarray, ...]               # per node: group strategy -> node strategy
     node_costs: tuple[np.ndarray, ...]           # per group, seconds
     edges: tuple[Edge, ...]
-    memory_terms: tuple[MemoryTerm, ...]
+    memory_terms: tuple[MemoryTerm, ...]         # the rows and fixed_terms index these
     fixed_terms: tuple[int, ...]                 # arguments and outputs: always resident
     memory_rows: LiveRows                        # temporaries live together at a point
-    shared_costs: tuple["SharedCost", ...] = ()  # latencies paid once for many collectives
+    shared_costs: tuple[SharedCost, ...] = ()  # latencies paid once for many collectives
     ties: tuple[Tie, ...] = ()                   # donated argument = its output's spec
-    # rows index these after memory_terms: edge term k is term len(memory_terms) + k
-    edge_memory_terms: tuple[EdgeMemoryTerm, ...] = ()
-    shared_reshards: tuple[SharedReshard, ...] = ()   # copies several readers share
+    shared_reshards: tuple[SharedEdgeCost, ...] = ()   # copies several readers share
     # the reads (node, operand) whose copies those are -> the key of their value
     shared_reads: Mapping[tuple[int, int], tuple] = dataclasses.field(default_factory=dict)
-    # (shared reshard, bytes): its copy, held if it is made; rows index these last
-    shared_copy_terms: tuple[tuple[int, float], ...] = ()
     # some copies several readers share are counted once per reader (built without
     # ``share_held_copies``)
     held_per_read: bool = False
     # one more latency for trailing collectives that depend on like ones, paid as shared
     # reshards are (``_Builder.build_chained_latencies``)
-    chained_latencies: tuple[SharedReshard, ...] = ()
+    chained_latencies: tuple[SharedEdgeCost, ...] = ()
     # node_costs split into compute, collectives and resharding inside groups (the
     # memory tiebreak, ``TIEBREAK_SECONDS_PER_BYTE`` per byte of memory_terms, aside)
     seconds_parts: SecondsParts | None = None
@@ -69,10 +50,20 @@ class CostGraph:
         return len(self.groups)
 
     @property
-    def shared_edge_costs(self) -> tuple[SharedReshard, ...]:
+    def shared_edge_costs(self) -> tuple[SharedEdgeCost, ...]:
         """Costs paid once if any member pair of choices is marked: the shared copies,
         then the chained latencies (``seconds_parts.latency_edges`` tells them apart)."""
         return self.shared_reshards + self.chained_latencies
+
+    def request(self, memory_budget: float | None, time_limit_s: float) -> Request:
+        """What the solver is handed: this graph's numbers, and the budget."""
+        return Request(node_costs=self.node_costs, edges=self.edges,
+                       shared_costs=self.shared_costs,
+                       ties=self.ties, memory_terms=self.memory_terms,
+                       shared_edge_costs=self.shared_edge_costs,
+                       fixed_terms=self.fixed_terms, memory_rows=self.memory_rows,
+                       memory_budget=memory_budget, time_limit_s=time_limit_s,
+                       seconds_parts=self.seconds_parts)
 
     def node_strategy(self, node_id: int, group_choice: Sequence[int]):
         g = self.group_of_node[node_id]
@@ -202,9 +193,11 @@ def build_cost_graph(space: StrategySpace, donated: Sequence[tuple[int, int]] = 
     builder = _Builder(space, donated, native_reduce_scatter, share_held_copies)
     builder.build_groups()
     node_costs, node_parts, edges, shared_reshards, sharing = builder.build_costs()
-    terms, fixed, rows, edge_terms, shared_terms = builder.build_memory()
+    terms, fixed, rows = builder.build_memory()
     for term in terms:
-        node_costs[term.group] = node_costs[term.group] + TIEBREAK_SECONDS_PER_BYTE * term.num_bytes
+        if isinstance(term, GroupTerm):
+            node_costs[term.group] = (node_costs[term.group]
+                                      + TIEBREAK_SECONDS_PER_BYTE * term.num_bytes)
     chained = builder.build_chained_latencies()
     parts = SecondsParts(*node_parts, latency_edges=(False,) * len(shared_reshards)
                          + (True,) * len(chained),
@@ -215,7 +208,7 @@ def build_cost_graph(space: StrategySpace, donated: Sequence[tuple[int, int]] = 
                      seconds_parts=parts,
                      edges=tuple(edges), memory_terms=terms, fixed_terms=fixed,
                      memory_rows=rows, shared_costs=builder.build_shared_costs(),
-                     ties=builder.donation_ties(), edge_memory_terms=edge_terms,
+                     ties=builder.donation_ties(),
                      shared_reshards=shared_reshards, shared_reads=sharing,
-                     shared_copy_terms=shared_terms, held_per_read=builder.held_per_read,
+                     held_per_read=builder.held_per_read,
                      chained_latencies=chained)

@@ -1,43 +1,24 @@
 """cost.shared: seconds paid once for many choices. A resharded copy of a value that
-several readers want in one spec is made once for all of them (``SharedReshard``), and
+several readers want in one spec is made once for all of them (``SharedEdgeCost``), and
 XLA's combiner merges like collectives into one, whose latency is paid once
 (``SharedCost``), or once more for a trailing collective that depends on a like one
 (chained latencies)."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Sequence
 
 import numpy as np
 
 from autoshard import specs
+from autoshard.request import SharedCost, SharedEdgeCost
 from autoshard.xla import loop_scope, reduction_waves, trailing_ancestors
-
-
-@dataclasses.dataclass(frozen=True)
-class SharedCost:
-    """Seconds paid once if any member (group, group strategy) is chosen: the latency of
-    one combined collective standing for all the like collectives it merges."""
-    key: tuple                              # (kind, mesh axes, (loop scope, wave))
-    seconds: float
-    members: tuple[tuple[int, int], ...]
-
 
 # Past this many shared copies of one value (its sources times the specs its readers may
 # share), the solver would slow down more than the sharing is worth: each read pays its
 # seconds, and one copy per wanted spec holds the bytes.
 MAX_SHARED_COPIES = 16
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class SharedReshard:
-    """One resharded copy of a value that several readers may want in one spec: XLA makes
-    it once for all of them. Its seconds are paid once if any member (producer group,
-    reader group, paid[producer strategy, reader strategy]) is marked."""
-    seconds: float
-    members: tuple[tuple[int, int, np.ndarray], ...]
 
 
 def shared_reads(graph, group_of_node: Sequence[int]) -> dict[tuple[int, int], tuple]:
@@ -59,8 +40,8 @@ class SharedCopies:
     """Shared copies and combined latencies, for the builder (``graph._Builder``),
     which holds the state."""
 
-    def build_shared_reshards(self) -> tuple[tuple[SharedReshard, ...], dict, list]:
-        """A ``SharedReshard`` per value, spec it is written in (those a copy costs alike
+    def build_shared_reshards(self) -> tuple[tuple[SharedEdgeCost, ...], dict, list]:
+        """A ``SharedEdgeCost`` per value, spec it is written in (those a copy costs alike
         from, together) and spec that two or more of its readers (``shared_reads``) may
         want; per such read, its value's key and masks over its reader's strategies of
         the specs it no longer pays for, and no longer holds, on its own; and per shared
@@ -79,7 +60,7 @@ class SharedCopies:
             for seconds, paid_by, num_bytes in copies:
                 held.append((len(shared), value_id,
                              tuple(reads[r][0] for r, _ in paid_by), num_bytes))
-                shared.append(SharedReshard(seconds, tuple((gu, readers[r], marked)
+                shared.append(SharedEdgeCost(seconds, tuple((gu, readers[r], marked)
                                                            for r, marked in paid_by)))
             for read, paid_mask, held_mask in zip(reads, paid, holds):
                 if held_mask.any():
@@ -158,7 +139,7 @@ class SharedCopies:
             for s, k in enumerate(self.choice[node.id]):
                 for kind, axes in strategies[k].combined:
                     members.setdefault((kind, axes, scope, seconds), set()).add((g, s))
-        return tuple(SharedCost(key[:3], key[3], tuple(sorted(m)))
+        return tuple(SharedCost(key[3], tuple(sorted(m)))
                      for key, m in sorted(members.items(), key=lambda item: repr(item[0])))
 
     def makes(self, node_id: int, combined: tuple) -> np.ndarray:
@@ -166,7 +147,7 @@ class SharedCopies:
         strategies = self.space.strategies[node_id]
         return np.array([combined in strategies[k].combined for k in self.choice[node_id]])
 
-    def build_chained_latencies(self) -> tuple[SharedReshard, ...]:
+    def build_chained_latencies(self) -> tuple[SharedEdgeCost, ...]:
         """A trailing collective that depends on a like one (``trailing_ancestors``) runs
         on its own: one more latency per collective kind, axes and computation, paid if
         any such pair of nodes makes it."""
@@ -187,7 +168,7 @@ class SharedCopies:
                     gp = self.group_of_node[p]
                     if paid.any():
                         pairs[gp, gn] = pairs[gp, gn] | paid if (gp, gn) in pairs else paid
-        return tuple(SharedReshard(key[2], tuple((u, v, paid) for (u, v), paid in pairs.items()))
+        return tuple(SharedEdgeCost(key[2], tuple((u, v, paid) for (u, v), paid in pairs.items()))
                      for key, pairs in sorted(members.items(), key=lambda item: repr(item[0]))
                      if pairs)
 

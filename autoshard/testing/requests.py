@@ -7,7 +7,7 @@ import itertools
 
 import numpy as np
 
-from autoshard.solve import Request, evaluate
+from autoshard.request import Request, evaluate
 
 
 def brute_force(request: Request) -> float:
