@@ -20,7 +20,7 @@ from autoshard.hardware import Hardware
 from autoshard.rules import RULES, Einsum, rule_for
 from autoshard.rules.replicated import REPLICATED
 from autoshard.specs import Spec
-from autoshard.xla import (CONTRACTIONS, materialized_values, reduction_widening, trailing_nodes,
+from autoshard.xla import (materialized_values, reduction_widening, trailing_nodes,
                           transposed_operands)
 
 REPLICATED_BELOW_ELEMENTS = 1024   # arrays this small are kept whole
@@ -141,7 +141,7 @@ def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, ctx) -
         reduced_bytes = [b * reduction_widening(d, ctx.reduction_itemsize)
                          for b, d in zip(out_bytes, out_dtypes)]
         result += reduction_variants(node, name, in_specs, out_specs, out_shapes, reduced_bytes,
-                                     partial_axes, per_label, compute_s, einsum.reduce_op, ctx)
+                                     partial_axes, per_label, compute_s, einsum, ctx)
     return result
 
 
@@ -178,7 +178,7 @@ def slice_copy_seconds(node: Node, out_shapes, in_bytes_each, out_bytes, hw: Har
 
 
 def reduction_variants(node, name, in_specs, out_specs, out_shapes, out_bytes, partial_axes,
-                       per_label, compute_s, reduce_op, ctx) -> list[Strategy]:
+                       per_label, compute_s, einsum: Einsum, ctx) -> list[Strategy]:
     """A split contraction: all-reduce the partial result, or reduce-scatter it onto a dim.
 
     Reduced dims split over different mesh axes (``per_label``: each reduced label's
@@ -204,11 +204,11 @@ def reduction_variants(node, name, in_specs, out_specs, out_shapes, out_bytes, p
     variants = [Strategy(name + f" all-reduce({'+'.join(partial_axes)})", in_specs,
                          tuple(out_specs), compute_s, sum(c.seconds for c in reduces),
                          tuple(reduces), combined)]
-    if reduce_op != "sum" or len(out_specs) != 1:
+    if einsum.reduce_op != "sum" or len(out_specs) != 1:
         return variants
     # a contraction scatters over all its reduced axes at once; a reduce op all-reduces
     # over all but the last of its split dims first
-    if node.primitive in CONTRACTIONS or len(per_label) == 1:
+    if einsum.contraction or len(per_label) == 1:
         first, first_joins, scatter_axes = (), (), partial_axes
     else:
         first, first_joins, scatter_axes = tuple(reduces[:-1]), combined[:-1], per_label[-1]
@@ -357,7 +357,6 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
     ``combined_kinds`` are the collective kinds the backend's combiner merges;
     ``reduction_itemsize`` the width its reductions run narrower floats at (CPU: 4)."""
     pins = pins or {}
-    trailing = trailing_nodes(graph) if combined_kinds else [False] * len(graph.nodes)
     numbers: dict = {}   # equal signatures, one number: hashed once per node
     signatures = [numbers.setdefault(node_signature(graph, node), len(numbers))
                   for node in graph.nodes]
@@ -370,6 +369,7 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
             rules_seen[signature] = rule_for(node, [graph.values[v].shape for v in node.outputs])
         einsums.append(rules_seen[signature])
     materialized = materialized_values(graph, einsums)
+    trailing = trailing_nodes(graph, einsums) if combined_kinds else [False] * len(graph.nodes)
     unsplit = whole_values(graph)
     all_strategies = []
     known: dict = {}   # a repeated layer's nodes (and arguments of a shape) share strategies

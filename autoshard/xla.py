@@ -120,7 +120,7 @@ def materialized_values(graph: Graph, einsums) -> list[bool]:
             continue
         users = {u for u, _ in graph.users[value.id]}
         flags.append(any(einsums[u] is None or not einsums[u].fusible or seam(u) for u in users)
-                     or expensive(graph.nodes[value.producer]) and len(users) > 1)
+                     or expensive(einsums[value.producer]) and len(users) > 1)
     feeds, statistics = feeds_reductions(graph, einsums), statistics_of(graph, einsums)
     squared = feeds_reductions(graph, einsums, unary_only=True)
     for value in graph.values:
@@ -130,28 +130,26 @@ def materialized_values(graph: Graph, einsums) -> list[bool]:
     return flags
 
 
-# Elementwise primitives XLA will not compute twice: fused into one consumer only, so a
-# result read by several (a tanh kept for the backward pass) is written to memory.
-EXPENSIVE = frozenset({"exp", "exp2", "expm1", "log", "log1p", "logistic", "tanh", "sqrt",
-                       "rsqrt", "cbrt", "pow", "erf", "erfc", "erf_inv", "atan2", "acos",
-                       "asin", "atan", "acosh", "asinh", "atanh", "cosh", "sinh", "lgamma",
-                       "digamma"})
+def expensive(einsum) -> bool:
+    """An elementwise op XLA fuses into one consumer only (``Einsum.expensive``): read by
+    several, its result is written to memory."""
+    return einsum is not None and einsum.expensive
 
 
-def expensive(node: Node) -> bool:
-    if node.primitive == "div":   # XLA: a float division is expensive, an integer one not
-        return not all(np.issubdtype(d, np.integer) for d in node.operand_dtypes)
-    return node.primitive in EXPENSIVE
+def reduction(einsum) -> bool:
+    """A reduction whose elementwise producers XLA fuses in (``Einsum.reduction``)."""
+    return einsum is not None and einsum.reduction
 
 
-REDUCTION_PRIMITIVES = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod",
-                                  "argmax", "argmin"})
+def contraction(einsum) -> bool:
+    """A dot or convolution (``Einsum.contraction``)."""
+    return einsum is not None and einsum.contraction
 
 
 def feeds_reductions(graph: Graph, einsums, unary_only: bool = False) -> list[bool]:
     """Per value: read by a reduction, directly or through elementwise (fusible) nodes;
     with ``unary_only``, through nodes reading nothing else (a square)."""
-    reduces = [node.primitive in REDUCTION_PRIMITIVES for node in graph.nodes]
+    reduces = [reduction(einsum) for einsum in einsums]
     fused = [node.kind == "eqn" and einsum is not None and einsum.fusible
              and (not unary_only or sum(v is not None for v in node.operands) == 1)
              for node, einsum in zip(graph.nodes, einsums)]
@@ -171,7 +169,7 @@ def statistics_of(graph: Graph, einsums) -> list[bool]:
     for value in graph.values:
         node = graph.nodes[value.producer]
         fused = node.kind == "eqn" and einsums[node.id] is not None and einsums[node.id].fusible
-        flags.append(node.primitive in REDUCTION_PRIMITIVES
+        flags.append(reduction(einsums[node.id])
                      or fused and any(v is not None and flags[v] for v in node.operands))
     return flags
 
@@ -183,8 +181,6 @@ def spreads(graph: Graph, node: Node, value, einsums) -> bool:
     if node.kind != "eqn" or einsum is None or not einsum.fusible:
         return False
     sizes = [math.prod(graph.values[v].shape) for v in node.operands if v is not None]
-    if node.primitive == "broadcast_in_dim":
-        return bool(sizes) and sizes[0] < math.prod(value.shape)
     return bool(sizes) and max(sizes) < math.prod(value.shape)
 
 
@@ -211,9 +207,6 @@ def kept_from_reduction(graph: Graph, node: Node, value, einsums, statistics,
 
 # -- the combiner: which collectives XLA merges into one -------------------------------
 
-CONTRACTIONS = ("dot_general", "conv_general_dilated")
-
-
 def loop_scope(node: Node) -> tuple:
     """The key of the innermost loop body holding ``node`` (``()`` outside any loop).
     A loop body is a computation of its own: XLA combines collectives within it, once
@@ -225,7 +218,7 @@ def loop_scope(node: Node) -> tuple:
     return ()
 
 
-def trailing_nodes(graph: Graph) -> list[bool]:
+def trailing_nodes(graph: Graph, einsums) -> list[bool]:
     """Nodes no contraction of their own computation depends on (weight gradients feeding
     an optimizer update, or a scan's per-layer gradients stacked by loop_ys): their
     collectives are independent of each other, so XLA's combiner merges them.
@@ -242,7 +235,7 @@ def trailing_nodes(graph: Graph) -> list[bool]:
                     leaves = u.primitive == "loop_ys" and len(scopes[user]) < len(scopes[node.id])
                     if not leaves:
                         trailing[node.id] = False
-                elif u.primitive in CONTRACTIONS or not trailing[user]:
+                elif contraction(einsums[user]) or not trailing[user]:
                     trailing[node.id] = False
     return trailing
 

@@ -3,12 +3,12 @@ buffer assignment keeps them: every buffer XLA keeps (arguments and outputs alwa
 temporaries from their producer, or from the start for work on arguments alone, to
 their last reader), the copies readers make (resharded, or transposed for a dot or
 convolution), and the buffers of reductions (partial results, results of the combined
-all-reduce). A resharded copy depends on two groups' strategies: an
-``EdgeMemoryTerm`` over the pair."""
+all-reduce). A resharded copy depends on two groups' strategies: a ``PairTerm`` over
+the pair; a copy several readers share (``shared``) is held if it is made: a
+``CopyTerm``."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Sequence
 
@@ -16,23 +16,8 @@ import numpy as np
 
 from autoshard import specs
 from autoshard.cost.reshard import REDUCTIONS, Pairs
-from autoshard.solve import LiveRows
+from autoshard.request import CopyTerm, GroupTerm, LiveRows, MemoryTerm, PairTerm
 from autoshard.xla import expensive, loop_scope, spreads, transposed_operands
-
-
-@dataclasses.dataclass(frozen=True)
-class MemoryTerm:
-    group: int
-    num_bytes: np.ndarray   # per strategy of the group, per device
-
-
-@dataclasses.dataclass(frozen=True)
-class EdgeMemoryTerm:
-    """Bytes per device that depend on two groups' strategies: the copy of a result of
-    group ``src`` resharded into the spec a node of group ``dst`` reads it in."""
-    src: int
-    dst: int
-    num_bytes: np.ndarray   # [strategies of src, strategies of dst], per device
 
 
 # XLA returns several results as a tuple: a buffer of one pointer per result, counted in
@@ -44,20 +29,19 @@ class Liveness:
     """Memory terms and live ranges, for the builder (``graph._Builder``), which holds
     the state."""
 
-    def value_bytes(self, value_id: int) -> MemoryTerm:
+    def value_bytes(self, value_id: int) -> GroupTerm:
         value = self.graph.values[value_id]
         g = self.group_of_node[value.producer]
         num_bytes = self.per_device_bytes(self.value_array[value_id],
                                           self.menus[value.producer].out_lists[value.index])
-        return MemoryTerm(g, num_bytes)
+        return GroupTerm(g, num_bytes)
 
     def broadcasts_kept(self, value) -> int:
         """Buffers XLA keeps for a value: one, but one broadcast per operand for an
         elementwise op spreading several smaller arrays over its shape (the inverse norm
         [b, t, 1] times the scale [d] of an RMSNorm keeps both, spread)."""
         node = self.graph.nodes[value.producer]
-        if (node.primitive == "broadcast_in_dim"
-                or not spreads(self.graph, node, value, self.space.einsums)):
+        if not spreads(self.graph, node, value, self.space.einsums):
             return 1
         return max(1, sum(math.prod(self.graph.values[v].shape) > 1
                           for v in node.operands if v is not None))
@@ -67,7 +51,7 @@ class Liveness:
         computes it again inside every fusion reading it rather than read its result. Not
         one that also reads a broadcast statistic (x - mean): reductions read that one."""
         einsum = self.space.einsums[node.id]
-        if node.kind != "eqn" or einsum is None or not einsum.fusible or expensive(node):
+        if node.kind != "eqn" or einsum is None or not einsum.fusible or expensive(einsum):
             return False
         sizes = [math.prod(self.graph.values[v].shape) for v in node.operands if v is not None]
         return sum(n > 1 for n in sizes) <= 1
@@ -199,7 +183,7 @@ class Liveness:
                     copy = (np.where(self.paid_once[(user, i)][2][None, :], 0.0, copy[0]),)
                     if not copy[0].any():
                         continue
-                term = MemoryTerm(gu, copy[1]) if gu == gv else EdgeMemoryTerm(gu, gv, copy[0])
+                term = GroupTerm(gu, copy[1]) if gu == gv else PairTerm(gu, gv, copy[0])
                 held = (value.id, user) not in copied or from_args[value.id]
                 yield term, starts[user] if held else user, user
 
@@ -209,7 +193,7 @@ class Liveness:
         any copy (see ``copy_starts``): a weight's from the start of the program."""
         for value_id, node_id, i in transposed:
             dsts = self.menus[node_id].in_lists[i]
-            yield (MemoryTerm(self.group_of_node[node_id],
+            yield (GroupTerm(self.group_of_node[node_id],
                               self.per_device_bytes(self.value_array[value_id], dsts)),
                    self.copy_starts(value_id, from_args)[node_id], node_id)
 
@@ -236,7 +220,7 @@ class Liveness:
             for num_bytes, first, last in zip(buffers, (node.id, node.id, combine_at),
                                               (node.id, last_read[value_id], combine_at)):
                 if num_bytes is not None:
-                    yield MemoryTerm(g, num_bytes), first, last
+                    yield GroupTerm(g, num_bytes), first, last
 
     def slices_fused(self, value_id: int) -> bool:
         """Whether every reader of a value is an elementwise fusion, into which XLA fuses
@@ -289,8 +273,8 @@ class Liveness:
 
     def build_memory(self):
         """Memory terms (arguments and outputs fixed; temporaries, resharded copies and
-        collective buffers each with the range of nodes it is live over), the rows of
-        terms live together, and the terms depending on two groups' strategies."""
+        collective buffers each with the range of nodes it is live over), the fixed ones
+        among them, and the rows of terms live together."""
         graph = self.graph
         terms: list[MemoryTerm] = []
         fixed = []
@@ -315,7 +299,7 @@ class Liveness:
             terms.append(self.value_bytes(value_id))
         if len(graph.outputs) > 1:   # the result tuple's table: a pointer per output
             fixed.append(len(terms))
-            terms.append(MemoryTerm(0, np.full(self.group_size(0),
+            terms.append(GroupTerm(0, np.full(self.group_size(0),
                                                float(POINTER_BYTES * len(graph.outputs)))))
         from_args, transposed = self.from_arguments(), self.transposed_reads()
         # a reader of a copy made before it does not hold the value: the copy does
@@ -338,29 +322,24 @@ class Liveness:
             first = 0 if from_args[value.id] else value.producer
             last = last_read[value.id] - (value.id in in_place)
             term = self.value_bytes(value.id)
-            term = MemoryTerm(term.group, term.num_bytes * self.broadcasts_kept(value))
+            term = GroupTerm(term.group, term.num_bytes * self.broadcasts_kept(value))
             spans.append((term, first, max(first, last)))
         spans += self.collective_buffers(last_read)
         spans += self.layout_copies(from_args, transposed)
         copies = list(self.reshard_buffers(from_args, copied))
-        spans += [c for c in copies if isinstance(c[0], MemoryTerm)]
-        edge_spans = [c for c in copies if isinstance(c[0], EdgeMemoryTerm)]
-        shared_spans = list(self.shared_copy_spans(from_args))
-        terms += [t for t, _, _ in spans]
-        # edge terms are numbered after every group term, shared copies after them; a row
-        # per point where some term dies, holding everything live there (peaks are just
-        # before deaths)
-        index = list(range(len(terms) - len(spans),
-                           len(terms) + len(edge_spans) + len(shared_spans)))
-        starts = [first for _, first, _ in spans + edge_spans + shared_spans]
-        ends = [last for _, _, last in spans + edge_spans + shared_spans]
-        rows = LiveRows(index, starts, ends, sorted(set(ends)))
-        return (tuple(terms), tuple(fixed), rows, tuple(t for t, _, _ in edge_spans),
-                tuple(t for t, _, _ in shared_spans))
+        spans += [c for c in copies if isinstance(c[0], GroupTerm)]
+        spans += [c for c in copies if isinstance(c[0], PairTerm)]
+        spans += list(self.shared_copy_spans(from_args))
+        # a row per point where some term dies, holding everything live there (peaks are
+        # just before deaths)
+        index = range(len(terms), len(terms) + len(spans))
+        rows = LiveRows(index, [first for _, first, _ in spans],
+                        [last for _, _, last in spans], sorted({last for _, _, last in spans}))
+        return tuple(terms) + tuple(t for t, _, _ in spans), tuple(fixed), rows
 
     def shared_copy_spans(self, from_args: Sequence[bool]):
-        """((shared reshard, bytes), first node, last node) of every copy readers share:
+        """(term, first node, last node) of every copy readers share:
         held from the first of them that may make it (see ``copy_starts``) to the last."""
         for k, value_id, readers, num_bytes in self.shared_copies_held:
             starts = self.copy_starts(value_id, from_args)
-            yield (k, num_bytes), min(starts[r] for r in readers), max(readers)
+            yield CopyTerm(k, num_bytes), min(starts[r] for r in readers), max(readers)

@@ -35,6 +35,10 @@ class Einsum:
     flops: float = 0.0
     fusible: bool = False            # XLA fuses it into neighbours (elementwise-like)
     shifted: frozenset = frozenset()  # labels rolled along: split, a collective-permute
+    # what XLA does with the op, as its fusion and combiner see it:
+    contraction: bool = False   # a dot or convolution: products of two operands, summed
+    reduction: bool = False     # folds dims into statistics that fusions take their inputs in
+    expensive: bool = False     # elementwise that XLA does not compute twice (exp, tanh, ...)
 
     def __str__(self) -> str:
         def term(labels):

@@ -44,4 +44,4 @@ def conv(node, out_shapes) -> Einsum:
     kernel = math.prod(rhs[d] for d in rhs_spec[1:])  # input features x window
     flops = 2.0 * math.prod(out) * kernel
     return Einsum((tuple(lhs_t), tuple(rhs_t)), (tuple(out_t),), labels.sizes,
-                  reduce=frozenset(reduce), flops=flops)
+                  reduce=frozenset(reduce), flops=flops, contraction=True)

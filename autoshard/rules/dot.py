@@ -33,7 +33,8 @@ def dot_general(node, out_shapes) -> Einsum:
     contracted = math.prod(lhs[i] for i in lc)
     flops = 2.0 * math.prod(out_shapes[0]) * contracted
     return Einsum((tuple(lhs_l), tuple(rhs_l)), (tuple(out),), labels.sizes,
-                  reduce=frozenset(c for c in contract if c is not None), flops=flops)
+                  reduce=frozenset(c for c in contract if c is not None), flops=flops,
+                  contraction=True)
 
 
 @register("ragged_dot_general")

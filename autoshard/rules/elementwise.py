@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from autoshard.rules import Einsum, LabelMaker, register
 
 UNARY = """abs acos acosh asin asinh atan atanh cbrt ceil clz conj copy copy_p cos cosh
@@ -16,9 +18,15 @@ nextafter or pow rem shift_left shift_right_arithmetic shift_right_logical sub x
 polygamma zeta random_gamma_grad mulhi eq_to le_to lt_to igamma_grad_a random_gamma""".split()
 NARY = ["select_n", "clamp", "threefry2x32", "threefry4x32", "philox2x32", "philox4x32",
         "regularized_incomplete_beta"]
+# Elementwise primitives XLA will not compute twice: fused into one consumer only, so a
+# result read by several (a tanh kept for the backward pass) is written to memory. So is a
+# float division; an integer one is cheap.
+EXPENSIVE = frozenset("""exp exp2 expm1 log log1p logistic tanh sqrt rsqrt cbrt pow erf erfc
+erf_inv atan2 acos asin atan acosh asinh atanh cosh sinh lgamma digamma""".split())
 
 
-def elementwise_einsum(operand_shapes, out_shapes, flops_per_element=1.0) -> Einsum:
+def elementwise_einsum(operand_shapes, out_shapes, flops_per_element=1.0,
+                       expensive: bool = False) -> Einsum:
     """Operands share the output's labels dim by dim; a size-1 dim that broadcasts against
     a larger one (``sub(f32[16,64,1024], f32[16,64,1])``) and scalars have none."""
     labels = LabelMaker()
@@ -31,14 +39,21 @@ def elementwise_einsum(operand_shapes, out_shapes, flops_per_element=1.0) -> Ein
         return tuple(l if d == o else None for l, d, o in zip(out_labels, shape, out_shape))
     operands = tuple(term(tuple(s)) for s in operand_shapes)
     return Einsum(operands, tuple(out_labels for _ in out_shapes), labels.sizes,
-                  flops=flops_per_element * math.prod(out_shape), fusible=True)
+                  flops=flops_per_element * math.prod(out_shape), fusible=True,
+                  expensive=expensive)
 
 
 @register(*UNARY, *BINARY, *NARY, "device_put")
 def elementwise(node, out_shapes) -> Einsum:
     if node.primitive in ("optimization_barrier", "device_put"):
         return barrier(node, out_shapes)
-    return elementwise_einsum(node.operand_shapes, out_shapes)
+    return elementwise_einsum(node.operand_shapes, out_shapes, expensive=is_expensive(node))
+
+
+def is_expensive(node) -> bool:
+    if node.primitive == "div":
+        return not all(np.issubdtype(d, np.integer) for d in node.operand_dtypes)
+    return node.primitive in EXPENSIVE
 
 
 def barrier(node, out_shapes) -> Einsum:

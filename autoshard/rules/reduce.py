@@ -9,6 +9,7 @@ from autoshard.rules import Einsum, LabelMaker, register
 REDUCE_OPS = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min",
               "reduce_prod": "prod", "reduce_and": "and", "reduce_or": "or",
               "reduce_xor": "xor"}
+STATISTICS = ("sum", "max", "min", "prod")   # reductions whose inputs XLA fuses in (``reduction``)
 
 
 @register(*REDUCE_OPS)
@@ -24,7 +25,7 @@ def reduce(node, out_shapes) -> Einsum:
         operand = tuple(None if i in axes else l for i, l in enumerate(operand))
         reduced = frozenset()
     return Einsum((operand,), (out,), labels.sizes, reduce=reduced, reduce_op=op,
-                  flops=float(math.prod(shape)))
+                  flops=float(math.prod(shape)), reduction=op in STATISTICS)
 
 
 @register("argmax", "argmin")
@@ -34,7 +35,8 @@ def arg_reduce(node, out_shapes) -> Einsum:
     labels = LabelMaker()
     operand = tuple(None if i in axes else labels.new(d) for i, d in enumerate(shape))
     out = tuple(l for i, l in enumerate(operand) if i not in axes)
-    return Einsum((operand,), (out,), labels.sizes, flops=float(math.prod(shape)))
+    return Einsum((operand,), (out,), labels.sizes, flops=float(math.prod(shape)),
+                  reduction=True)
 
 
 @register("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp")
