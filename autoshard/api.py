@@ -162,10 +162,10 @@ def argument_infos(cg: CostGraph, request: Request, choice) -> list[ArgumentInfo
         value = graph.values[graph.nodes[node_id].outputs[0]]
         g = cg.group_of_node[node_id]
         strategies = cg.space.strategies[node_id]
-        mine = cg.choice[node_id][choice[g]]
+        mine = cg.picks[node_id][choice[g]]
         per_spec: dict = {}
         for s in np.argsort(totals[g], kind="stable"):
-            spec = strategies[cg.choice[node_id][s]].out_specs[0]
+            spec = strategies[cg.picks[node_id][s]].out_specs[0]
             per_spec.setdefault(spec, float(totals[g][s] - totals[g][choice[g]]))
         chosen = strategies[mine].out_specs[0]
         alternatives = tuple((s, x) for s, x in per_spec.items() if s != chosen)

@@ -12,6 +12,7 @@ re-interpreted bodies.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import gc
@@ -24,7 +25,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from autoshard import interpret as ik
 from autoshard import specs
-from autoshard.interpret import INLINED, REMAT, split_closed
+from autoshard.interpret import INLINED, split_closed
 from autoshard.specs import Spec
 from autoshard.rules.elementwise import BINARY, NARY, UNARY
 from autoshard.trace import has_static_leaves, hold_static_leaves, release_static_leaves
@@ -52,18 +53,18 @@ DYNAMIC_STARTS = {"dynamic_slice": 1, "dynamic_update_slice": 2}
 SCATTERS = frozenset({"scatter-add", "scatter_add", "scatter", "scatter-mul", "scatter_mul",
                       "scatter-min", "scatter_min", "scatter-max", "scatter_max"})
 
-_prune = [True]
+_EVERY_RESULT = contextvars.ContextVar("autoshard_constrain_every_result", default=False)
 
 
 @contextlib.contextmanager
 def constraining_every_result():
     """Plans made inside constrain every result (for comparing with the pruned program;
     pass ``cache=False`` so that no cached plan answers)."""
-    _prune.append(False)
+    token = _EVERY_RESULT.set(True)
     try:
         yield
     finally:
-        _prune.pop()
+        _EVERY_RESULT.reset(token)
 
 
 @contextlib.contextmanager
@@ -106,7 +107,7 @@ def propagation_gives(graph, chosen, node) -> bool:
     result spec follows from an operand's (:func:`forward_spec`), and whose readers all
     take it in that spec (no reader pulls another spec back into it). ``chosen``: a
     strategy per node."""
-    if not _prune[-1] or node.kind != "eqn" or len(node.outputs) != 1 or not (
+    if _EVERY_RESULT.get() or node.kind != "eqn" or len(node.outputs) != 1 or not (
             node.primitive in ELEMENTWISE or node.primitive in ("transpose", "broadcast_in_dim")):
         return False
     strategy = chosen[node.id]
@@ -147,36 +148,18 @@ class Rewriter:
         return self.decisions.get(key, Decision())
 
     def run(self, jaxpr, consts, args, key) -> list:
-        env: dict = {}
-        for var, value in zip(jaxpr.constvars, consts):
-            env[var] = value
-        for var, value in zip(jaxpr.invars, args):
-            env[var] = value
-
-        def read(atom):
-            return atom.val if isinstance(atom, Literal) else env[atom]
-
-        for i, eqn in enumerate(jaxpr.eqns):
-            outs = self.eqn(eqn, [read(v) for v in eqn.invars], ik.eqn_key(key, i))
-            for var, value in zip(eqn.outvars, outs):
-                env[var] = value
-        return [read(v) for v in jaxpr.outvars]
+        return ik.run_jaxpr(jaxpr, consts, args, self.eqn, key)
 
     def eqn(self, eqn, ins, key) -> list:
         name = eqn.primitive.name
         if name in INLINED:
-            inner, consts = split_closed(eqn.params[INLINED[name]])
-            body = lambda *a: self.run(inner, consts, a, ik.inlined_key(key, name))  # noqa: E731
-            if name in REMAT:
-                body = jax.checkpoint(body, prevent_cse=eqn.params.get("prevent_cse", True),
-                                      policy=eqn.params.get("policy"))
-            return list(body(*ins))
+            return ik.run_inlined(eqn, ins, lambda inner, consts, a: self.run(
+                inner, consts, a, ik.inlined_key(key, name)))
         if name in CONTROL_FLOW_RULES:
             return CONTROL_FLOW_RULES[name](self, eqn, ins, key)
         decision = self.decision(key)
         ins = self.constrain_all(ins, decision.in_specs)
-        outs = eqn.primitive.bind(*ins, **eqn.params)
-        outs = list(outs) if eqn.primitive.multiple_results else [outs]
+        outs = ik.bind(eqn, ins)
         if name in DYNAMIC_STARTS and any(
                 not isinstance(v, Literal) for v in eqn.invars[DYNAMIC_STARTS[name]:]):
             outs = list(lax.optimization_barrier(outs))

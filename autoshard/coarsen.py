@@ -79,7 +79,7 @@ def node_keys(cg: CostGraph) -> list[int]:
             by_tuple[id(strategies)] = strategy_key(
                 tuple((s.in_specs, s.out_specs, s.combined) for s in strategies))
         keys.append(node_key((node.primitive, by_tuple[id(strategies)],
-                              cg.choice[node.id].tobytes(),
+                              cg.picks[node.id].tobytes(),
                               role(node.label) if node.kind == "arg" else "")))
     return keys
 

@@ -15,13 +15,20 @@ read those facts here:
   :func:`while_operands`, :func:`cond_operands`).
 
 Each interpreter keeps a table of its own rules for the control-flow primitives
-(:data:`CONTROL_FLOW` names them), as JAX keeps one rule table per interpreter.
+(:data:`CONTROL_FLOW` names them), as JAX keeps one rule table per interpreter. The
+interpreters that run the program (``apply``, and ``pipeline``'s rewrite of a layer stack)
+share the loop itself: :func:`run_jaxpr` reads each equation's inputs, hands them to the
+interpreter's rule for the equation, and writes its results; :func:`run_inlined` and
+:func:`bind` are the rules both give an inlined call and an ordinary primitive.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
+
+import jax
+from jax.extend.core import Literal
 
 # Primitives whose body is inlined: name -> param holding the (closed) jaxpr.
 INLINED = {
@@ -40,6 +47,38 @@ def split_closed(jaxpr) -> tuple[Any, Sequence]:
     if hasattr(jaxpr, "consts"):
         return jaxpr.jaxpr, jaxpr.consts
     return jaxpr, ()
+
+
+def run_jaxpr(jaxpr, consts: Sequence, args: Sequence, rule: Callable,
+              key: tuple = ()) -> list:
+    """JAX's read/bind/write loop over ``jaxpr``: each equation's results are
+    ``rule(eqn, inputs, its node key)``."""
+    env = dict(zip(jaxpr.constvars, consts))
+    env.update(zip(jaxpr.invars, args))
+
+    def read(atom):
+        return atom.val if isinstance(atom, Literal) else env[atom]
+    for i, eqn in enumerate(jaxpr.eqns):
+        env.update(zip(eqn.outvars, rule(eqn, [read(v) for v in eqn.invars], eqn_key(key, i))))
+    return [read(v) for v in jaxpr.outvars]
+
+
+def run_inlined(eqn, ins: Sequence, run_body: Callable) -> list:
+    """An inlined call (:data:`INLINED`): its body run by ``run_body(jaxpr, consts,
+    args)``, under ``jax.checkpoint`` where the call rematerializes (:data:`REMAT`)."""
+    name = eqn.primitive.name
+    inner, consts = split_closed(eqn.params[INLINED[name]])
+    body = lambda *a: run_body(inner, consts, a)  # noqa: E731
+    if name in REMAT:
+        body = jax.checkpoint(body, prevent_cse=eqn.params.get("prevent_cse", True),
+                              policy=eqn.params.get("policy"))
+    return list(body(*ins))
+
+
+def bind(eqn, ins: Sequence) -> list:
+    """The equation's primitive applied to ``ins``, its results as a list."""
+    outs = eqn.primitive.bind(*ins, **eqn.params)
+    return list(outs) if eqn.primitive.multiple_results else [outs]
 
 
 # -- node keys ------------------------------------------------------------------------------

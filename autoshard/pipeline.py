@@ -40,14 +40,13 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.extend.core import Literal, Primitive
+from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 from jax.sharding import NamedSharding, PartitionSpec
 
 from autoshard.errors import InputError
-from autoshard.trace import INLINED, split_closed
+from autoshard.interpret import INLINED, bind, run_inlined, run_jaxpr, split_closed
 
-REMAT = ("checkpoint", "remat2", "remat")
 
 # -- the stage shift -----------------------------------------------------------------------
 #
@@ -259,30 +258,14 @@ class Interpreter:
         self.setting, self.mesh, self.remat = setting, mesh, remat
 
     def run(self, jaxpr, consts, args) -> list:
-        env = dict(zip(jaxpr.constvars, consts))
-        env.update(zip(jaxpr.invars, args))
+        return run_jaxpr(jaxpr, consts, args, self.eqn)
 
-        def read(atom):
-            return atom.val if isinstance(atom, Literal) else env[atom]
-
-        for eqn in jaxpr.eqns:
-            outs = self.eqn(eqn, [read(v) for v in eqn.invars])
-            env.update(zip(eqn.outvars, outs))
-        return [read(v) for v in jaxpr.outvars]
-
-    def eqn(self, eqn, ins) -> list:
-        name = eqn.primitive.name
+    def eqn(self, eqn, ins, key=()) -> list:
         if eqn is self.target:
             return self.pipeline(eqn, ins) if self.setting else self.remat_scan(eqn, ins)
-        if name in INLINED:
-            inner, consts = split_closed(eqn.params[INLINED[name]])
-            body = lambda *a: self.run(inner, consts, a)  # noqa: E731
-            if name in REMAT:
-                body = jax.checkpoint(body, prevent_cse=eqn.params.get("prevent_cse", True),
-                                      policy=eqn.params.get("policy"))
-            return list(body(*ins))
-        outs = eqn.primitive.bind(*ins, **eqn.params)
-        return list(outs) if eqn.primitive.multiple_results else [outs]
+        if eqn.primitive.name in INLINED:
+            return run_inlined(eqn, ins, self.run)
+        return bind(eqn, ins)
 
     def remat_scan(self, eqn, ins) -> list:
         """The scan as written, its body under ``jax.checkpoint``."""

@@ -46,6 +46,10 @@ OPTIMALITY_GAP = 1e-4
 # memory takes seconds and lands within a few percent of the relaxation's bound.
 EXACT_MAX_VARIABLES = 20_000
 MIP_GAP = 1e-6          # branch and bound stops this close (relative) to its bound
+# Past this many variables, the Lagrangian's LPs start from the last one's basis: below,
+# a cold LP takes milliseconds, and starting afresh keeps the vertex HiGHS's presolve
+# picks among equal optima
+WARM_MIN_VARIABLES = EXACT_MAX_VARIABLES
 # the first slack of reduced-cost fixing, as a fraction of the incumbent's gap to the
 # relaxation's bound: the optimum is most often far closer to the bound than greedy
 # incumbents are, and a fraction of the gap leaves a far smaller problem
@@ -506,12 +510,6 @@ def lagrangian(request: Request, ilp: _Ilp, choice: np.ndarray, deadline: float)
         if status == 0:
             bound = max(bound, ilp.objective_s - row_prices.sum() * budget)
     return best, best_seconds, bound
-
-
-# Past this many variables, the Lagrangian's LPs start from the last one's basis: below,
-# a cold LP takes milliseconds, and starting afresh keeps the vertex HiGHS's presolve
-# picks among equal optima
-WARM_MIN_VARIABLES = EXACT_MAX_VARIABLES
 
 
 class PricedLp:

@@ -230,8 +230,8 @@ def test_the_cost_graph_covers_every_node_once():
         assert all(cg.group_of_node[n] == g for n in group)
         options = len(cg.node_costs[g])
         for n in group:     # each group strategy picks one strategy of every member
-            assert len(cg.choice[n]) == options
-            assert all(0 <= s < len(space.strategies[n]) for s in cg.choice[n])
+            assert len(cg.picks[n]) == options
+            assert all(0 <= s < len(space.strategies[n]) for s in cg.picks[n])
     for edge in cg.edges:   # seconds for every pair of the two groups' strategies
         assert edge.cost.shape == (len(cg.node_costs[edge.u]), len(cg.node_costs[edge.v]))
         assert (edge.cost >= 0).all()

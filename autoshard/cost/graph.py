@@ -24,7 +24,7 @@ class CostGraph:
     space: StrategySpace
     group_of_node: tuple[int, ...]
     groups: tuple[tuple[int, ...], ...]          # member node ids, root first
-    choice: tuple[np.ndarray, ...]               # per node: group strategy -> node strategy
+    picks: tuple[np.ndarray, ...]                # per node: group strategy -> node strategy
     node_costs: tuple[np.ndarray, ...]           # per group, seconds
     edges: tuple[Edge, ...]
     memory_terms: tuple[MemoryTerm, ...]         # the rows and fixed_terms index these
@@ -67,11 +67,11 @@ class CostGraph:
 
     def node_strategy(self, node_id: int, group_choice: Sequence[int]):
         g = self.group_of_node[node_id]
-        return self.space.strategies[node_id][self.choice[node_id][group_choice[g]]]
+        return self.space.strategies[node_id][self.picks[node_id][group_choice[g]]]
 
     def node_strategies(self, group_choice: Sequence[int]) -> list:
         """Per node, its strategy when each group takes its strategy in ``group_choice``."""
-        strategies, picks = self.space.strategies, self.choice
+        strategies, picks = self.space.strategies, self.picks
         return [strategies[n][picks[n][group_choice[g]]]
                 for n, g in enumerate(self.group_of_node)]
 
@@ -96,7 +96,7 @@ class _Builder(Grouping, ReshardPrices, SharedCopies, Liveness):
         self.donated_arg_of_output = {self.graph.output_nodes[k]: arg for k, arg in donated}
         self.group_of_node: list[int] = []
         self.groups: list[list[int]] = []
-        self.choice: list[np.ndarray] = []
+        self.picks: list[np.ndarray] = []   # per node: group strategy -> node strategy
         self.menus: list[Menu] = []      # per node, once its group strategies are known
         self.value_num_bytes = [v.num_bytes for v in self.graph.values]
         self.fusible = [e is not None and e.fusible for e in space.einsums]
@@ -204,7 +204,7 @@ def build_cost_graph(space: StrategySpace, donated: Sequence[tuple[int, int]] = 
                          tiebreak_seconds_per_byte=TIEBREAK_SECONDS_PER_BYTE)
     return CostGraph(space=space, group_of_node=tuple(builder.group_of_node),
                      groups=tuple(tuple(g) for g in builder.groups),
-                     choice=tuple(builder.choice), node_costs=tuple(node_costs),
+                     picks=tuple(builder.picks), node_costs=tuple(node_costs),
                      seconds_parts=parts,
                      edges=tuple(edges), memory_terms=terms, fixed_terms=fixed,
                      memory_rows=rows, shared_costs=builder.build_shared_costs(),

@@ -1,6 +1,6 @@
 """cost.grouping: nodes that simply follow an operand (elementwise chains, reshapes,
 converts, loop seams) join their producer's group, so the solver picks one strategy
-per group; a follower's strategy per strategy of its group is its ``choice``."""
+per group; a node's strategy per strategy of its group is its ``picks``."""
 
 from __future__ import annotations
 
@@ -28,13 +28,13 @@ class Grouping:
     """Grouping followers, for the builder (``graph._Builder``), which holds the state."""
 
     def all_picks(self, num_strategies: int) -> np.ndarray:
-        """The choice of a group's root: every strategy of its own, one array per count."""
+        """The picks of a group's root: every strategy of its own, one array per count."""
         if num_strategies not in self._all_picks:
             self._all_picks[num_strategies] = np.arange(num_strategies, dtype=np.int32)
         return self._all_picks[num_strategies]
 
     def menu_of(self, node_id: int) -> Menu:
-        strategies, picks = self.space.strategies[node_id], self.choice[node_id]
+        strategies, picks = self.space.strategies[node_id], self.picks[node_id]
         key = (id(strategies), id(picks))   # both are shared by identical nodes and kept
         found = self._menus.get(key)
         if found is None:
@@ -55,7 +55,7 @@ class Grouping:
         return self.spec_lists.items[self.menus[node_id].out_lists[index]]
 
     def group_size(self, g) -> int:
-        return len(self.choice[self.groups[g][0]])
+        return len(self.picks[self.groups[g][0]])
 
     def main_operand(self, node) -> int | None:
         einsum = self.space.einsums[node.id]
@@ -75,7 +75,7 @@ class Grouping:
             # replicated moment, split over the batch axes). Following it would keep
             # those plans out of the search, which pinning the argument opens.
             return None
-        fixed = len(self.choice[self.groups[self.group_of_node[producer]][0]]) == 1
+        fixed = len(self.picks[self.groups[self.group_of_node[producer]][0]]) == 1
         if fixed and len(self.space.strategies[node.id]) > 1:
             return None   # a group with one strategy would decide this node's alone
         if not self.can_keep_donated_spec(node, node.operands[best]):
@@ -126,10 +126,10 @@ class Grouping:
             if i is None:
                 self.group_of_node.append(len(self.groups))
                 self.groups.append([node.id])
-                self.choice.append(self.all_picks(len(self.space.strategies[node.id])))
+                self.picks.append(self.all_picks(len(self.space.strategies[node.id])))
             else:
                 g = self.group_of_node[self.graph.values[node.operands[i]].producer]
-                self.choice.append(self.follow(node, i))
+                self.picks.append(self.follow(node, i))
                 self.group_of_node.append(g)
                 self.groups[g].append(node.id)
             self.menus.append(self.menu_of(node.id))

@@ -238,7 +238,7 @@ class Liveness:
         ``collective_buffers``): at the node, held to its last reader, and where the
         combined collective runs, each None where it is nothing; None for a node that
         never reduces. Nodes sharing a menu share them."""
-        strategies, picks = self.space.strategies[node.id], self.choice[node.id]
+        strategies, picks = self.space.strategies[node.id], self.picks[node.id]
         # menus are held by the builder
         key = (id(self.menus[node.id]), self.slices_fused(node.outputs[0]))
         if key not in self._reductions:

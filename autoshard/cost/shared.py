@@ -136,7 +136,7 @@ class SharedCopies:
             g = self.group_of_node[node.id]
             wave = None if self.space.trailing[node.id] else waves[node.id]
             scope, seconds = (loop_scope(node), wave), self.hw.link_latency * node.weight
-            for s, k in enumerate(self.choice[node.id]):
+            for s, k in enumerate(self.picks[node.id]):
                 for kind, axes in strategies[k].combined:
                     members.setdefault((kind, axes, scope, seconds), set()).add((g, s))
         return tuple(SharedCost(key[3], tuple(sorted(m)))
@@ -145,7 +145,7 @@ class SharedCopies:
     def makes(self, node_id: int, combined: tuple) -> np.ndarray:
         """Per strategy of the node's group: whether it makes this combined collective."""
         strategies = self.space.strategies[node_id]
-        return np.array([combined in strategies[k].combined for k in self.choice[node_id]])
+        return np.array([combined in strategies[k].combined for k in self.picks[node_id]])
 
     def build_chained_latencies(self) -> tuple[SharedEdgeCost, ...]:
         """A trailing collective that depends on a like one (``trailing_ancestors``) runs
