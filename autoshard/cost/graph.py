@@ -10,9 +10,9 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from autoshard.cost.grouping import Grouping, Menu
+from autoshard.cost.grouping import Grouping
 from autoshard.cost.liveness import Liveness
-from autoshard.cost.reshard import Interner, ReshardPrices, kept_prices
+from autoshard.cost.reshard import Interner, ReshardPrices
 from autoshard.cost.shared import SharedCopies
 from autoshard.request import (Edge, GroupTerm, LiveRows, MemoryTerm, Request, SecondsParts,
                                SharedCost, SharedEdgeCost, Tie)
@@ -77,47 +77,32 @@ class CostGraph:
 
 
 class _Builder(Grouping, ReshardPrices, SharedCopies, Liveness):
-    """Prices a ``StrategySpace``: the state and caches each concern's methods share (a
-    repeated layer's values share prices, keyed by numbered arrays and specs)."""
+    """Prices a ``StrategySpace``. It holds what every room reads (the program, the
+    donations, arrays and specs numbered so that a repeated layer's values share prices);
+    each room (``init_grouping``, ``init_reshard``, ``init_shared``, ``init_liveness``)
+    sets up its own state and caches."""
 
     def __init__(self, space: StrategySpace, donated: Sequence[tuple[int, int]],
                  native_reduce_scatter: bool = True, share_held_copies: bool = True):
         self.space = space
         self.native_reduce_scatter = native_reduce_scatter
-        self.share_held_copies = share_held_copies
-        self.held_per_read = False   # some copies readers share are held once per read
         self.graph = space.graph
         self.hw = space.hardware
         self.axis_sizes = space.axis_sizes
         self.axis_items = tuple(space.axis_sizes.items())
-        self.kept_prices = kept_prices(self.hw)
         self.donated = tuple(donated)
         self.donated_outputs = {k for k, _ in donated}
         self.donated_arg_of_output = {self.graph.output_nodes[k]: arg for k, arg in donated}
-        self.group_of_node: list[int] = []
-        self.groups: list[list[int]] = []
-        self.picks: list[np.ndarray] = []   # per node: group strategy -> node strategy
-        self.menus: list[Menu] = []      # per node, once its group strategies are known
         self.value_num_bytes = [v.num_bytes for v in self.graph.values]
         self.fusible = [e is not None and e.fusible for e in space.einsums]
         self.arrays = Interner()          # (shape, dtype) of values
         self.value_array = [self.arrays.number((v.shape, v.dtype)) for v in self.graph.values]
         self.spec_lists = Interner()      # a spec per group strategy
         self.specs = Interner()
-        self._menus: dict = {}
-        self._prices: dict = {}
-        self._pairs: dict = {}
-        self._reshard_matrices: dict = {}
-        self._copies: dict = {}
-        self._bytes: dict = {}
-        self._follows: dict = {}
-        self._all_picks: dict = {}
-        self._copy_starts: dict = {}
-        self._reductions: dict = {}
-        self._combines: dict = {}
-        self._shared_copies: dict = {}
-        self.paid_once: dict = {}             # shared reads -> (value key, specs shared)
-        self.shared_copies_held: list = []    # (shared reshard, value, readers, bytes)
+        self.init_grouping()
+        self.init_reshard()
+        self.init_shared(share_held_copies)
+        self.init_liveness()
 
     def build_costs(self):
         """Per group its seconds, and their ``SecondsParts``; the edges between groups;

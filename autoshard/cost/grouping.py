@@ -25,7 +25,17 @@ class Menu:
 
 
 class Grouping:
-    """Grouping followers, for the builder (``graph._Builder``), which holds the state."""
+    """Grouping followers, for the builder (``graph._Builder``), which holds the program
+    and the numbering every room shares; this room keeps the groups and its caches."""
+
+    def init_grouping(self):
+        self.group_of_node: list[int] = []
+        self.groups: list[list[int]] = []
+        self.picks: list[np.ndarray] = []   # per node: group strategy -> node strategy
+        self.menus: list[Menu] = []         # per node, once its group strategies are known
+        self._menus: dict = {}
+        self._follows: dict = {}
+        self._all_picks: dict = {}
 
     def all_picks(self, num_strategies: int) -> np.ndarray:
         """The picks of a group's root: every strategy of its own, one array per count."""

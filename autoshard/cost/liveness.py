@@ -27,7 +27,12 @@ POINTER_BYTES = 8
 
 class Liveness:
     """Memory terms and live ranges, for the builder (``graph._Builder``), which holds
-    the state."""
+    the program; this room keeps its caches."""
+
+    def init_liveness(self):
+        self._copies: dict = {}
+        self._copy_starts: dict = {}
+        self._reductions: dict = {}
 
     def value_bytes(self, value_id: int) -> GroupTerm:
         value = self.graph.values[value_id]

@@ -308,8 +308,16 @@ class Interner:
 
 
 class ReshardPrices:
-    """Resharding prices of the builder (``graph._Builder``), which holds the state:
-    arrays, specs and lists of specs numbered (``Interner``), and the caches."""
+    """Resharding prices of the builder (``graph._Builder``), which holds the program and
+    the arrays, specs and lists of specs numbered (``Interner``); this room keeps the
+    prices."""
+
+    def init_reshard(self):
+        self.kept_prices = kept_prices(self.hw)
+        self._prices: dict = {}
+        self._pairs: dict = {}
+        self._reshard_matrices: dict = {}
+        self._bytes: dict = {}
 
     # Prices are cached by shape and specs, not by value: a repeated layer's values share
     # them. Arrays (shape and dtype), specs and lists of specs are numbered, so that the

@@ -37,8 +37,16 @@ def shared_reads(graph, group_of_node: Sequence[int]) -> dict[tuple[int, int], t
 
 
 class SharedCopies:
-    """Shared copies and combined latencies, for the builder (``graph._Builder``),
-    which holds the state."""
+    """Shared copies and combined latencies, for the builder (``graph._Builder``), which
+    holds the program; this room keeps the copies readers share and its caches."""
+
+    def init_shared(self, share_held_copies: bool):
+        self.share_held_copies = share_held_copies
+        self.held_per_read = False   # some copies readers share are held once per read
+        self.paid_once: dict = {}             # shared reads -> (value key, specs shared)
+        self.shared_copies_held: list = []    # (shared reshard, value, readers, bytes)
+        self._combines: dict = {}
+        self._shared_copies: dict = {}
 
     def build_shared_reshards(self) -> tuple[tuple[SharedEdgeCost, ...], dict, list]:
         """A ``SharedEdgeCost`` per value, spec it is written in (those a copy costs alike
