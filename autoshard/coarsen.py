@@ -71,14 +71,14 @@ def node_keys(cg: CostGraph) -> list[int]:
     role), as a small int."""
     space = cg.space
     strategy_key, node_key = interner(), interner()
-    by_tuple: dict[int, int] = {}   # strategy tuples are shared between identical nodes
+    by_number: dict[int, int] = {}   # per number of nodes' strategies (``menu_ids``)
     keys = []
     for node in space.graph.nodes:
-        strategies = space.strategies[node.id]
-        if id(strategies) not in by_tuple:
-            by_tuple[id(strategies)] = strategy_key(
-                tuple((s.in_specs, s.out_specs, s.combined) for s in strategies))
-        keys.append(node_key((node.primitive, by_tuple[id(strategies)],
+        number = space.menu_ids[node.id]
+        if number not in by_number:
+            by_number[number] = strategy_key(tuple((s.in_specs, s.out_specs, s.combined)
+                                                   for s in space.strategies[node.id]))
+        keys.append(node_key((node.primitive, by_number[number],
                               cg.picks[node.id].tobytes(),
                               role(node.label) if node.kind == "arg" else "")))
     return keys

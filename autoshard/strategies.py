@@ -63,6 +63,10 @@ class StrategySpace:
     # per node: its collectives combine at the end of its computation (trailing_nodes),
     # not with their siblings (reduction_waves)
     trailing: tuple[bool, ...] = ()
+    # per node: the number of its strategies; nodes of one number share one tuple (a
+    # repeated layer's nodes), so whatever follows from the strategies alone is computed
+    # once per number
+    menu_ids: tuple[int, ...] = ()
 
     def num_strategies(self) -> int:
         return sum(len(s) for s in self.strategies)
@@ -399,5 +403,7 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
                                                         combining, reduction_itemsize),
                                                 whole))
         all_strategies.append(known[key])
+    numbers = {}   # every tuple is alive here, so its id names it
+    menu_ids = tuple(numbers.setdefault(id(found), len(numbers)) for found in all_strategies)
     return StrategySpace(graph, tuple(all_strategies), tuple(einsums), tuple(materialized),
-                         dict(axis_sizes), hw, tuple(trailing))
+                         dict(axis_sizes), hw, tuple(trailing), menu_ids)

@@ -240,18 +240,19 @@ def trailing_nodes(graph: Graph, einsums) -> list[bool]:
     return trailing
 
 
-def reduction_waves(graph: Graph, strategies: Sequence[Sequence[Strategy]]) -> list[int]:
+def reduction_waves(graph: Graph, strategies: Sequence[Sequence[Strategy]],
+                    menu_ids: Sequence[int]) -> list[int]:
     """Per node, how many nodes that may reduce across devices precede it on the longest
     path within its computation. Two reducing nodes of one wave depend on neither: XLA's
     combiner merges their like collectives into one (the input gradients of q, k and v
     summed after three row-parallel dots)."""
     scopes = [loop_scope(node) for node in graph.nodes]
-    reducing: dict[int, bool] = {}   # identical nodes share their strategies
-    for found in strategies:
-        if id(found) not in reducing:
-            reducing[id(found)] = any(c.kind in ("all-reduce", "reduce-scatter")
-                                      for s in found for c in s.collectives)
-    reduces = [reducing[id(found)] for found in strategies]
+    reducing: dict[int, bool] = {}   # per number of nodes' strategies (``menu_ids``)
+    for found, number in zip(strategies, menu_ids):
+        if number not in reducing:
+            reducing[number] = any(c.kind in ("all-reduce", "reduce-scatter")
+                                   for s in found for c in s.collectives)
+    reduces = [reducing[number] for number in menu_ids]
     wave = [0] * len(graph.nodes)
     for node in graph.nodes:
         for v in node.operands:

@@ -37,6 +37,10 @@ class Grouping:
         self._follows: dict = {}
         self._all_picks: dict = {}
 
+    def menu_key(self, node_id: int) -> tuple:
+        """Nodes of one key have one menu: the same strategies, picked alike."""
+        return self.space.menu_ids[node_id], self.picks[node_id].tobytes()
+
     def all_picks(self, num_strategies: int) -> np.ndarray:
         """The picks of a group's root: every strategy of its own, one array per count."""
         if num_strategies not in self._all_picks:
@@ -45,7 +49,7 @@ class Grouping:
 
     def menu_of(self, node_id: int) -> Menu:
         strategies, picks = self.space.strategies[node_id], self.picks[node_id]
-        key = (id(strategies), id(picks))   # both are shared by identical nodes and kept
+        key = self.menu_key(node_id)
         found = self._menus.get(key)
         if found is None:
             chosen = [strategies[c] for c in picks]
@@ -110,8 +114,7 @@ class Grouping:
         u = value.producer
         strategies = self.space.strategies[node.id]
         srcs = self.out_specs(u, value.index)
-        # strategies are shared by identical nodes and held by the space
-        key = (id(strategies), i, self.value_array[value.id],
+        key = (self.space.menu_ids[node.id], i, self.value_array[value.id],
                self.menus[u].out_lists[value.index])
         if key in self._follows:
             return self._follows[key]

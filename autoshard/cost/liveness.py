@@ -244,8 +244,7 @@ class Liveness:
         combined collective runs, each None where it is nothing; None for a node that
         never reduces. Nodes sharing a menu share them."""
         strategies, picks = self.space.strategies[node.id], self.picks[node.id]
-        # menus are held by the builder
-        key = (id(self.menus[node.id]), self.slices_fused(node.outputs[0]))
+        key = (self.menu_key(node.id), self.slices_fused(node.outputs[0]))
         if key not in self._reductions:
             self._reductions[key] = self._reduction_buffers(node, strategies, picks)
         return self._reductions[key]

@@ -136,7 +136,7 @@ class SharedCopies:
         iteration) one for the trailing nodes' collectives, and one per wave of siblings
         (``reduction_waves``) for the others'."""
         members: dict[tuple, set] = {}
-        waves = reduction_waves(self.graph, self.space.strategies)
+        waves = reduction_waves(self.graph, self.space.strategies, self.space.menu_ids)
         for node in self.graph.nodes:
             strategies = self.space.strategies[node.id]
             if not self.combines(node.id):
@@ -191,10 +191,9 @@ class SharedCopies:
 
     def combines(self, node_id: int) -> bool:
         """Whether some strategy of the node has a collective XLA combines with its like."""
-        strategies = self.space.strategies[node_id]
-        key = id(strategies)   # shared by identical nodes, held by the space
+        key = self.space.menu_ids[node_id]
         if key not in self._combines:
-            self._combines[key] = any(s.combined for s in strategies)
+            self._combines[key] = any(s.combined for s in self.space.strategies[node_id])
         return self._combines[key]
 
     def joins_combined(self, node_id: int) -> bool:
