@@ -412,8 +412,7 @@ def solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s,
     user_pinned = pinned
     pinned = pin_donated_arguments(graph, pinned, donated)
     backend = Backend.of(mesh)
-    space = build_strategies(graph, sizes, hw, pinned, backend.combined,
-                             backend.reduction_itemsize)
+    space = build_strategies(graph, sizes, hw, pinned, backend)
     enumerated = time.perf_counter()
     show.stage(f"pricing {space.num_strategies()} strategies")
 

@@ -182,6 +182,13 @@ class Backend:
     native_reduce_scatter: bool
 
     @classmethod
+    def bare(cls) -> "Backend":
+        """A backend that combines nothing, reduces each dtype at its own width and forms
+        reduce-scatter: the plain prices of hand-built programs."""
+        return cls(platform="bare", combined=(), reduction_itemsize=0,
+                   native_reduce_scatter=True)
+
+    @classmethod
     def of(cls, mesh) -> "Backend":
         """The backend ``mesh``'s devices run on."""
         platform = mesh.devices.flat[0].platform

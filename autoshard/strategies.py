@@ -16,7 +16,7 @@ from autoshard import hardware as hwlib
 from autoshard import specs
 from autoshard.errors import PinError
 from autoshard.graph import Graph, Node
-from autoshard.hardware import Hardware
+from autoshard.hardware import Backend, Hardware
 from autoshard.rules import RULES, Einsum, rule_for
 from autoshard.rules.replicated import REPLICATED
 from autoshard.specs import Spec
@@ -104,8 +104,7 @@ class _Context:
     axis_sizes: Mapping[str, int]
     hardware: Hardware
     materialized: tuple            # (per operand: read from memory, per result: written)
-    combined_kinds: frozenset      # collective kinds this node's reductions combine
-    reduction_itemsize: int = 0    # the backend reduces narrower floats at this width
+    backend: Backend               # which collectives combine, how reductions run
 
 
 def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, ctx) -> list[Strategy]:
@@ -142,7 +141,7 @@ def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, ctx) -
             continue
         per_label = sorted(tuple(a for a in axis_sizes if a in split[l])
                            for l in einsum.reduce if split.get(l))
-        reduced_bytes = [b * reduction_widening(d, ctx.reduction_itemsize)
+        reduced_bytes = [b * reduction_widening(d, ctx.backend.reduction_itemsize)
                          for b, d in zip(out_bytes, out_dtypes)]
         result += reduction_variants(node, name, in_specs, out_specs, out_shapes, reduced_bytes,
                                      partial_axes, per_label, compute_s, einsum, ctx)
@@ -196,7 +195,7 @@ def reduction_variants(node, name, in_specs, out_specs, out_shapes, out_bytes, p
     def priced(kind, seconds_fn, axes, num_bytes=num_bytes):
         n, bw = group_of(axes, axis_sizes), hw.group_bandwidth(axes)
         seconds = seconds_fn(num_bytes, n, bw, hw.link_latency) * node.weight
-        if kind in ctx.combined_kinds:   # the combiner pays the latency once for all,
+        if kind in ctx.backend.combined:   # the combiner pays the latency once for all,
             # once per iteration of the loop body holding it (cost.SharedCost)
             return seconds - hw.link_latency * node.weight, ((kind, axes),)
         return seconds, ()
@@ -355,12 +354,13 @@ def node_signature(graph: Graph, node: Node) -> tuple:
 
 def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
                      pins: Mapping[int, Spec] | None = None,
-                     combined_kinds: tuple[str, ...] = (),
-                     reduction_itemsize: int = 0) -> StrategySpace:
+                     backend: Backend | None = None) -> StrategySpace:
     """Enumerate every node's strategies. ``pins`` maps arg/output node ids to a fixed spec;
-    ``combined_kinds`` are the collective kinds the backend's combiner merges;
-    ``reduction_itemsize`` the width its reductions run narrower floats at (CPU: 4)."""
+    ``backend`` says which collectives XLA's combiner merges, the width its reductions
+    run narrower floats at and whether it forms reduce-scatter (``Backend.of(mesh)``;
+    default ``Backend.bare()``)."""
     pins = pins or {}
+    backend = backend or Backend.bare()
     numbers: dict = {}   # equal signatures, one number: hashed once per node
     signatures = [numbers.setdefault(node_signature(graph, node), len(numbers))
                   for node in graph.nodes]
@@ -373,11 +373,11 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
             rules_seen[signature] = rule_for(node, [graph.values[v].shape for v in node.outputs])
         einsums.append(rules_seen[signature])
     materialized = materialized_values(graph, einsums)
-    trailing = trailing_nodes(graph, einsums) if combined_kinds else [False] * len(graph.nodes)
+    trailing = (trailing_nodes(graph, einsums) if backend.combined
+                else [False] * len(graph.nodes))
     unsplit = whole_values(graph)
     all_strategies = []
     known: dict = {}   # a repeated layer's nodes (and arguments of a shape) share strategies
-    combining = frozenset(combined_kinds)
     for node, einsum in zip(graph.nodes, einsums):
         out_values = [graph.values[v] for v in node.outputs]
         if node.kind == "arg":
@@ -400,7 +400,7 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
         if key not in known:
             known[key] = tuple(node_strategies(node, einsum, out_values, pins.get(node.id),
                                                _Context(axis_sizes, hw, (reads, writes),
-                                                        combining, reduction_itemsize),
+                                                        backend),
                                                 whole))
         all_strategies.append(known[key])
     numbers = {}   # every tuple is alive here, so its id names it

@@ -64,8 +64,7 @@ def requests(program: str, setting: str):
     case, mesh = make(), mesh_of(shape)
     with microbatching(SETTINGS[setting]):
         graph = build_graph(trace_program(case.train_step, *case.abstract_args()))
-    space = build_strategies(graph, axis_sizes(mesh), autoshard.H100, {},
-                             Backend.of(mesh).combined)
+    space = build_strategies(graph, axis_sizes(mesh), autoshard.H100, {}, Backend.of(mesh))
     out = []
     for share in (False, True):
         cg = build_cost_graph(space, (), Backend.of(mesh).native_reduce_scatter, share)

@@ -151,8 +151,7 @@ def test_reported_cost_is_objective(name):
 def cost_graph(name):
     case, mesh = case_of(name), mesh_of(CASES[name][1])
     graph = build_graph(trace_program(case.train_step, *case.abstract_args()))
-    space = build_strategies(graph, axis_sizes(mesh), autoshard.H100, {},
-                             Backend.of(mesh).combined)
+    space = build_strategies(graph, axis_sizes(mesh), autoshard.H100, {}, Backend.of(mesh))
     return build_cost_graph(space, (), Backend.of(mesh).native_reduce_scatter, False)   # as plan() first
 
 
