@@ -171,21 +171,21 @@ class Backend:
     beside the device's speeds (:class:`Hardware`).
 
     ``combined``: the collective kinds XLA combines when they are independent of each
-    other. ``reduction_itemsize``: the bytes per element its all-reduces run narrower
-    floats at (CPU XLA reduces bf16 and f16 in f32, doubling their bytes; 0: the dtype's
-    own). ``native_reduce_scatter``: whether XLA forms reduce-scatter (CPU all-reduces
+    other. ``collective_itemsize``: the bytes per element its collectives move narrower
+    floats at (CPU XLA converts bf16 and f16 to f32 around every all-reduce, all-gather,
+    all-to-all and collective-permute, doubling their bytes; 0: the dtype's own). ``native_reduce_scatter``: whether XLA forms reduce-scatter (CPU all-reduces
     and keeps a slice)."""
 
     platform: str
     combined: tuple[str, ...]
-    reduction_itemsize: int
+    collective_itemsize: int
     native_reduce_scatter: bool
 
     @classmethod
     def bare(cls) -> "Backend":
         """A backend that combines nothing, reduces each dtype at its own width and forms
         reduce-scatter: the plain prices of hand-built programs."""
-        return cls(platform="bare", combined=(), reduction_itemsize=0,
+        return cls(platform="bare", combined=(), collective_itemsize=0,
                    native_reduce_scatter=True)
 
     @classmethod
@@ -194,7 +194,7 @@ class Backend:
         platform = mesh.devices.flat[0].platform
         family = "gpu" if platform in ("cuda", "rocm") else platform
         return cls(platform=family, combined=COMBINED_COLLECTIVES.get(family, ()),
-                   reduction_itemsize=4 if family == "cpu" else 0,
+                   collective_itemsize=4 if family == "cpu" else 0,
                    native_reduce_scatter=family != "cpu")
 
 

@@ -683,20 +683,39 @@ def _collective_op(module: HloModule, comp: Computation,
     return None
 
 
+# ops that keep every element of their operand (CPU converts narrow floats to f32 around a
+# collective and back: ``collective_widening``)
+_SAME_ELEMENTS = ("bitcast", "reshape", "convert")
+
+
+def _passes_through(fused: Computation) -> bool:
+    """Whether a fused computation is one parameter passed through ops that keep every
+    element (a wrapped convert)."""
+    params = [i for i in fused.instructions if i.opcode == "parameter"]
+    return len(params) == 1 and all(i.opcode in _SAME_ELEMENTS for i in fused.instructions
+                                    if i.opcode != "parameter")
+
+
 def _only_sliced(module: HloModule, comp: Computation, name: str, num_elements: int,
                  group_size: int) -> bool:
     """Whether every use of ``name`` is a dynamic-slice keeping 1/group_size of it,
-    looking through bitcasts/reshapes, async ``-done`` ops and into fusions."""
+    looking through bitcasts, reshapes and converts, async ``-done`` ops and into
+    fusions."""
     users = comp.users(name)
     if not users:
         return False
     for user in users:
         if user.opcode == "dynamic-slice" and user.operands[0] == name:
             ok = user.shape.num_elements * group_size == num_elements
-        elif user.opcode in ("bitcast", "reshape") or _is_done(user):
+        elif user.opcode in _SAME_ELEMENTS or _is_done(user):
             ok = _only_sliced(module, comp, user.name, num_elements, group_size)
         elif user.opcode == "fusion":
             fused = module.computations[user.called("calls")[0]]
+            if _passes_through(fused):   # CPU's convert back to the program's dtype
+                ok = _only_sliced(module, comp, user.name, num_elements, group_size)
+                if not ok:
+                    return False
+                continue
             params = [fused.parameter(k) for k, o in enumerate(user.operands) if o == name]
             ok = all(p is not None and _only_sliced(module, fused, p.name, num_elements, group_size)
                      for p in params)

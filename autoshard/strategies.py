@@ -20,7 +20,7 @@ from autoshard.hardware import Backend, Hardware
 from autoshard.rules import RULES, Einsum, rule_for
 from autoshard.rules.replicated import REPLICATED
 from autoshard.specs import Spec
-from autoshard.xla import (materialized_values, reduction_widening, trailing_nodes,
+from autoshard.xla import (materialized_values, collective_widening, trailing_nodes,
                           transposed_operands)
 
 REPLICATED_BELOW_ELEMENTS = 1024   # arrays this small are kept whole
@@ -63,6 +63,7 @@ class StrategySpace:
     # per node: its collectives combine at the end of its computation (trailing_nodes),
     # not with their siblings (reduction_waves)
     trailing: tuple[bool, ...] = ()
+    backend: Backend = dataclasses.field(default_factory=Backend.bare)   # priced for it
     # per node: the number of its strategies; nodes of one number share one tuple (a
     # repeated layer's nodes), so whatever follows from the strategies alone is computed
     # once per number
@@ -104,7 +105,7 @@ class _Context:
     axis_sizes: Mapping[str, int]
     hardware: Hardware
     materialized: tuple            # (per operand: read from memory, per result: written)
-    backend: Backend               # which collectives combine, how reductions run
+    backend: Backend               # which collectives combine, the width they move
 
 
 def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, ctx) -> list[Strategy]:
@@ -134,16 +135,16 @@ def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, ctx) -
         partial_axes = tuple(a for a in axis_sizes
                              for l in einsum.reduce if a in split.get(l, ()))
         name = strategy_name(split)
+        wire_bytes = [b * collective_widening(d, ctx.backend.collective_itemsize)
+                      for b, d in zip(out_bytes, out_dtypes)]   # what collectives move
         if not partial_axes:
-            permutes = shift_permutes(einsum, split, out_bytes, node.weight, ctx)
+            permutes = shift_permutes(einsum, split, wire_bytes, node.weight, ctx)
             result.append(Strategy(name, in_specs, tuple(out_specs), compute_s,
                                    sum(c.seconds for c in permutes), permutes))
             continue
         per_label = sorted(tuple(a for a in axis_sizes if a in split[l])
                            for l in einsum.reduce if split.get(l))
-        reduced_bytes = [b * reduction_widening(d, ctx.backend.reduction_itemsize)
-                         for b, d in zip(out_bytes, out_dtypes)]
-        result += reduction_variants(node, name, in_specs, out_specs, out_shapes, reduced_bytes,
+        result += reduction_variants(node, name, in_specs, out_specs, out_shapes, wire_bytes,
                                      partial_axes, per_label, compute_s, einsum, ctx)
     return result
 
@@ -356,8 +357,8 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
                      pins: Mapping[int, Spec] | None = None,
                      backend: Backend | None = None) -> StrategySpace:
     """Enumerate every node's strategies. ``pins`` maps arg/output node ids to a fixed spec;
-    ``backend`` says which collectives XLA's combiner merges, the width its reductions
-    run narrower floats at and whether it forms reduce-scatter (``Backend.of(mesh)``;
+    ``backend`` says which collectives XLA's combiner merges, the width its collectives
+    move narrower floats at and whether it forms reduce-scatter (``Backend.of(mesh)``;
     default ``Backend.bare()``)."""
     pins = pins or {}
     backend = backend or Backend.bare()
@@ -406,4 +407,4 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
     numbers = {}   # every tuple is alive here, so its id names it
     menu_ids = tuple(numbers.setdefault(id(found), len(numbers)) for found in all_strategies)
     return StrategySpace(graph, tuple(all_strategies), tuple(einsums), tuple(materialized),
-                         dict(axis_sizes), hw, tuple(trailing), menu_ids)
+                         dict(axis_sizes), hw, tuple(trailing), backend, menu_ids)

@@ -22,11 +22,11 @@ if TYPE_CHECKING:
     from autoshard.strategies import Strategy
 
 
-# -- the width a backend reduces narrow floats at --------------------------------------
+# -- the width a backend moves narrow floats at ----------------------------------------
 
-def reduction_widening(dtype, reduction_itemsize: int) -> float:
-    """How much wider than ``dtype`` the backend's reductions move it: CPU XLA all-reduces
-    bf16 and f16 in f32 (a convert before and after), so their collectives move 2x the
+def collective_widening(dtype, collective_itemsize: int) -> float:
+    """How much wider than ``dtype`` the backend's collectives move it: CPU XLA converts
+    bf16 and f16 to f32 before every collective (and back after), so they move 2x the
     program's bytes; 1 elsewhere."""
     try:
         dtype = np.dtype(dtype)
@@ -34,7 +34,14 @@ def reduction_widening(dtype, reduction_itemsize: int) -> float:
         return 1.0
     if not np.issubdtype(dtype, np.floating) and dtype.name not in ("bfloat16",):
         return 1.0
-    return max(1.0, reduction_itemsize / dtype.itemsize)
+    return max(1.0, collective_itemsize / dtype.itemsize)
+
+
+def wire_dtype(dtype, collective_itemsize: int):
+    """The dtype a backend's collectives move ``dtype`` in (``collective_widening``)."""
+    if collective_widening(dtype, collective_itemsize) > 1.0:
+        return np.dtype(f"float{8 * collective_itemsize}")
+    return dtype
 
 
 # -- layouts: operands XLA copies into another layout before a dot or convolution ------

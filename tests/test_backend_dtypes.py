@@ -1,4 +1,5 @@
-"""The backend compiled for: CPU XLA reduces bf16 in f32, so its collectives move 2x."""
+"""The backend compiled for: CPU XLA moves bf16 in f32 (a convert before every collective
+and after), so its collectives move 2x the program's bytes."""
 
 import jax
 import jax.numpy as jnp
@@ -42,3 +43,32 @@ def test_f32_reductions_carry_no_note(mesh_1d):
     compiled = jax.jit(matmul, in_shardings=shardings,
                        out_shardings=NamedSharding(mesh_1d, P())).lower(*args).compile()
     assert not hlo_report(compiled, autoshard.H100, mesh_1d).warnings
+
+
+def double(x):
+    return x * 2
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_cpu_gathers_are_priced_at_f32_width(mesh_1d, dtype):
+    # x is [64, 1024], split over 8 devices and wanted whole: each device receives 7/8 of
+    # it, and in f32 whatever the program's dtype (64 * 1024 * 4 * 7/8 bytes), so a bf16
+    # gather is priced as an f32 one, as compiled
+    x = jax.ShapeDtypeStruct((64, 1024), dtype)
+    plan = autoshard.plan(double, x, mesh=mesh_1d, pins={"x": P("data"), "out": P()},
+                          cache=False, progress=False)
+    report = hlo_report(plan.jit().lower(x).compile(), plan.hardware, mesh_1d)
+    (gather,) = report.collectives
+    assert gather.kind == "all-gather" and gather.num_bytes == 64 * 1024 * 4
+    assert plan.cost.comm_s == pytest.approx(report.comm_s, rel=1e-6)
+
+
+def test_cpu_reduce_scatter_of_bf16_reads_as_one_through_its_converts(mesh_1d):
+    # the contraction's partial results all-reduced in f32, converted back to bf16, and
+    # each device keeps its 1/8 of the rows: how CPU spells a reduce-scatter of bf16
+    shardings = (NamedSharding(mesh_1d, P(None, "data")), NamedSharding(mesh_1d, P("data")))
+    compiled = jax.jit(matmul, in_shardings=shardings,
+                       out_shardings=NamedSharding(mesh_1d, P("data"))).lower(*ARGS).compile()
+    report = hlo_report(compiled, autoshard.H100, mesh_1d)
+    assert [c.kind for c in report.collectives] == ["reduce-scatter"]
+    assert report.collectives[0].num_bytes == 64 * 256 * 4

@@ -79,7 +79,7 @@ def test_unknown_kinds_and_cpu_default_to_h100(mesh_2d):
 def test_backend_facts_follow_the_platform(mesh_2d):
     cpu = hardware.Backend.of(mesh_2d)
     # XLA:CPU combines only all-reduces, reduces bf16 in f32, and all-reduces then slices
-    assert (cpu.platform, cpu.combined, cpu.reduction_itemsize, cpu.native_reduce_scatter) \
+    assert (cpu.platform, cpu.combined, cpu.collective_itemsize, cpu.native_reduce_scatter) \
         == ("cpu", ("all-reduce",), 4, False)
     for platform in ("cuda", "rocm", "gpu"):
         mesh = fake_mesh("NVIDIA H100 80GB HBM3", (8,), ("data",), 8)
@@ -87,7 +87,7 @@ def test_backend_facts_follow_the_platform(mesh_2d):
         gpu = hardware.Backend.of(mesh)
         assert gpu.platform == "gpu" and gpu.native_reduce_scatter
         assert set(gpu.combined) == {"all-reduce", "all-gather", "reduce-scatter"}
-        assert gpu.reduction_itemsize == 0                 # reduces in the program's dtype
+        assert gpu.collective_itemsize == 0                # moves the program's dtype
 
 
 def test_plan_defaults_to_the_mesh_hardware(mesh_2d):

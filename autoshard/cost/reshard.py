@@ -16,6 +16,7 @@ from autoshard import specs
 from autoshard.hardware import Hardware
 from autoshard.specs import Spec
 from autoshard.strategies import Collective
+from autoshard.xla import wire_dtype
 
 if TYPE_CHECKING:
     from autoshard.cost.graph import CostGraph
@@ -267,8 +268,8 @@ def operand_reshard_seconds(cg: CostGraph, chosen: Sequence) -> list[list[float]
             if value_id is None:
                 continue
             value = graph.values[value_id]
-            key = (value.shape, value.dtype, chosen[value.producer].out_specs[value.index],
-                   wants[i])
+            key = (value.shape, wire_dtype(value.dtype, cg.space.backend.collective_itemsize),
+                   chosen[value.producer].out_specs[value.index], wants[i])
             copy = (sharing.get((node.id, i)), wants[i])
             if copy[0] is not None and copy in made:
                 seconds.append(0.0)
@@ -332,6 +333,7 @@ class ReshardPrices:
         seconds = self._prices.get(key)
         if seconds is None:
             shape, dtype = self.arrays.items[array]
+            dtype = wire_dtype(dtype, self.space.backend.collective_itemsize)
             src_spec, dst_spec = self.specs.items[src], self.specs.items[dst]
             kept_key = (shape, dtype, src_spec, dst_spec, self.axis_items)
             seconds = self.kept_prices.get(kept_key)
