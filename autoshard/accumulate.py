@@ -80,9 +80,14 @@ def microbatching(setting: Microbatching | None, record: TraceRecord | None = No
             var.reset(token)
 
 
+def active_setting() -> Microbatching | None:
+    """The setting the program being planned is rewritten under (None: as written)."""
+    return _SETTING.get()
+
+
 def active_pipeline() -> Pipelining | None:
     """The pipeline the program being planned is rewritten into, if any."""
-    setting = _SETTING.get()
+    setting = active_setting()
     return None if setting is None else setting.pipeline
 
 
