@@ -2,7 +2,8 @@
 
 ``autoshard.value_and_grad`` is ``jax.value_and_grad`` with a mark: when ``autoshard.plan``
 traces a program with ``microbatches=K``, the marked loss runs as a ``lax.scan`` over K
-microbatches instead, and the planner plans that loop like any other.
+microbatches instead, and the planner plans that loop like any other. Which K (and which
+pipeline and remat policy) is ``settings.py``'s search; this module is the rewrite.
 
 The gradient reduction must happen once per step, after the loop, not once per
 microbatch. A gradient taken inside the loop on a batch split over the mesh's data axes is
@@ -26,7 +27,6 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-import time
 from typing import Callable, Sequence
 
 import jax
@@ -65,8 +65,6 @@ _SETTING: contextvars.ContextVar = contextvars.ContextVar("autoshard_microbatchi
 _RECORD: contextvars.ContextVar = contextvars.ContextVar("autoshard_trace_record",
                                                         default=None)
 _MESH: contextvars.ContextVar = contextvars.ContextVar("autoshard_mesh", default=None)
-_TO_BEAT: contextvars.ContextVar = contextvars.ContextVar("autoshard_seconds_to_beat",
-                                                         default=None)
 
 
 @contextlib.contextmanager
@@ -82,15 +80,14 @@ def microbatching(setting: Microbatching | None, record: TraceRecord | None = No
             var.reset(token)
 
 
-def seconds_to_beat() -> float | None:
-    """Step seconds of the best plan found so far for the program being planned under
-    another setting: a plan no faster is not wanted (None: every plan is)."""
-    return _TO_BEAT.get()
+def active_setting() -> Microbatching | None:
+    """The setting the program being planned is rewritten under (None: as written)."""
+    return _SETTING.get()
 
 
 def active_pipeline() -> Pipelining | None:
     """The pipeline the program being planned is rewritten into, if any."""
-    setting = _SETTING.get()
+    setting = active_setting()
     return None if setting is None else setting.pipeline
 
 
@@ -218,297 +215,3 @@ def to_microbatches(x, k: int, r: int):
     b = x.shape[0] // (k * r)
     return jnp.swapaxes(x.reshape((r, k, b) + x.shape[1:]), 0, 1)
 
-
-# -- planning with microbatches ------------------------------------------------------------
-
-AUTO_MAX_MICROBATCHES = 64
-
-
-def remat_choices(remat) -> list:
-    """The remat policies to weigh: ``"auto"``: none, dots saved, nothing saved."""
-    from autoshard.pipeline import REMAT_POLICIES
-    if remat == "auto":
-        return [None, "dots_saveable", "nothing_saveable"]
-    if remat is not None and remat not in REMAT_POLICIES:
-        raise InputError(f"remat must be None, 'auto' or one of {sorted(REMAT_POLICIES)}, "
-                         f"not {remat!r}")
-    return [remat]
-
-
-def plan_with_microbatches(plan_fn: Callable, fn: Callable, args, mesh, microbatches,
-                           remat=None):
-    """The plan of ``fn`` with its marked loss accumulated over ``microbatches`` (an int K,
-    or ``"auto"``: the fastest plan within the budget over K = 1, 2, 4, ...), its layer
-    stack rematerialized as ``remat`` says (``"auto"``: each policy and none, jointly).
-
-    ``plan_fn(fn, *args)`` plans one traced program (``autoshard.plan`` with the caller's
-    options). The replica axes are those the plan without microbatches splits the batch
-    over; when that plan does not fit, each choice of axes is tried.
-
-    Settings are tried fastest first (fewer microbatches, less recomputed); one whose
-    memory floor exceeds the budget is rejected before solving, and once a plan fits,
-    one that cannot beat it regardless of memory is dropped before solving under the
-    budget (``seconds_to_beat``). ``"auto"`` stops at the first K none of whose settings
-    beats the best of fewer microbatches, unless memory rejected some of them.
-    """
-    check_count("microbatches", microbatches)
-    microbatches = 1 if microbatches is None else microbatches
-    remats = remat_choices(remat)
-    record = TraceRecord()
-    base, failure, best = None, None, None
-    trail: list[dict] = []   # every setting tried, as plan.solver["settings"] lists them
-    for policy in remats:   # K = 1
-        setting = None if policy is None else Microbatching(1, remat=policy)
-        candidate, failure, _ = plan_within_budget(plan_fn, fn, args, setting, failure,
-                                                   record, _seconds(best), trail)
-        if candidate is None:
-            continue
-        candidate.microbatching = setting
-        base = base if policy is not None and base is not None else candidate
-        if best is None or candidate.cost.total_s < best.cost.total_s:
-            best = candidate
-    if not record.batch_sizes:
-        raise InputError("microbatches need a loss marked by autoshard.value_and_grad in "
-                         "the program (a function under jax.jit traced before keeps its "
-                         "first trace: mark it or call it unjitted)")
-    size = record.batch_sizes[0]
-    sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
-    candidates = replica_candidates(base, size, sizes)
-    counts = [int(microbatches)] if microbatches != "auto" else \
-        [k for k in (2 ** n for n in range(1, 7)) if k <= AUTO_MAX_MICROBATCHES]
-    if microbatches not in ("auto", 1):
-        best = None
-    if microbatches == 1:
-        counts = []
-    for k in counts:
-        found, outpaced, rejected = None, False, False
-        for axes in candidates:
-            replicas = int(np.prod([sizes[a] for a in axes], dtype=int))
-            if size % (k * replicas):
-                continue
-            for policy in remats:
-                setting = Microbatching(k, axes, replicas, remat=policy)
-                candidate, failure, slower = plan_within_budget(
-                    plan_fn, fn, args, setting, failure, None, _seconds(found, best), trail)
-                outpaced = outpaced or slower
-                rejected = rejected or candidate is None and not slower
-                if candidate is None:
-                    continue
-                candidate.microbatching = setting
-                if found is None or candidate.cost.total_s < found.cost.total_s:
-                    found = candidate
-        if found is not None and (best is None or found.cost.total_s < best.cost.total_s):
-            best = found
-        elif (found is not None or outpaced and not rejected) and microbatches == "auto":
-            break   # a fitting plan no faster than fewer microbatches: more only add loops
-    if best is None:
-        if failure is not None:
-            raise failure
-        raise InputError(f"batch of {size} rows does not split into {microbatches} "
-                         f"microbatches on mesh {sizes}")
-    best.solver["settings"] = trail
-    return best
-
-
-def _seconds(*plans) -> float | None:
-    """Step seconds of the fastest of ``plans`` (None where every one is None)."""
-    found = [p.cost.total_s for p in plans if p is not None]
-    return min(found) if found else None
-
-
-def check_count(name: str, value, meaning: str = "") -> None:
-    """``value`` of option ``name`` is None, ``"auto"`` or a positive int, or
-    ``InputError`` (``meaning``: what its values mean, for the message)."""
-    if value in (None, "auto"):
-        return
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-        raise InputError(f"{name} must be None, a positive int{meaning} or 'auto', "
-                         f"not {value!r}")
-
-
-def plan_within_budget(plan_fn, fn, args, setting, failure, record=None, beat=None,
-                       trail: list | None = None):
-    """``plan_fn(fn, *args)`` traced under ``setting``, and the last budget failure: (the
-    plan, ``failure``, False), or (None, the ``MemoryBudgetError``, False) where no plan
-    fits, or (None, ``failure``, True) where no plan is faster than ``beat`` seconds.
-    ``trail`` hears the setting, the outcome and the seconds it took."""
-    from autoshard.errors import MemoryBudgetError
-    from autoshard.solve import CannotBeat
-    token = _TO_BEAT.set(beat)
-    started = time.perf_counter()
-    found, outcome, stages = None, "fits", None
-    try:
-        with microbatching(setting, record):
-            found = plan_fn(fn, *args)
-        stages = {stage: found.solver.get(f"{stage}_s") for stage in STAGES}
-    except MemoryBudgetError as e:
-        failure, outcome = e, f"over budget: at least {e.smallest_bytes:.4g} bytes"
-        stages = getattr(e, "stage_seconds", None)
-    except CannotBeat as e:
-        outcome = f"cannot beat {beat:.6g} s: at least {e.lower_bound:.6g} s"
-        stages = getattr(e, "stage_seconds", None)
-    finally:
-        _TO_BEAT.reset(token)
-    if trail is not None:
-        trail.append({"setting": describe(setting), "outcome": outcome,
-                      "microbatches": 1 if setting is None else setting.microbatches,
-                      "replica_axes": [] if setting is None else list(setting.replica_axes),
-                      "remat": None if setting is None else setting.remat,
-                      "step_s": None if found is None else found.cost.total_s,
-                      "plan_s": time.perf_counter() - started, "stage_s": stages})
-    return found, failure, outcome.startswith("cannot beat")
-
-
-STAGES = ("trace", "cost", "coarsen", "solve")   # the planning stages a setting's seconds
-#                                                   split into (``plan.solver["settings"]``)
-
-
-def describe(setting: Microbatching | None) -> str:
-    """A setting in a few words: microbatches, the axes they split over, remat."""
-    if setting is None:
-        return "K=1, no remat"
-    axes = f" over {','.join(setting.replica_axes)}" if setting.replica_axes else ""
-    return f"K={setting.microbatches}{axes}, remat {setting.remat or 'none'}"
-
-
-def replica_candidates(base, size: int, sizes: dict) -> list[tuple[str, ...]]:
-    """Mesh axes to split each microbatch over: those the plan without microbatches splits
-    the batch over and every axis; without such a plan, also each axis alone, and none."""
-    axes = tuple(a for a in sizes if sizes[a] > 1)
-    if base is not None:
-        for a in base.arguments:
-            if a.shape and a.shape[0] == size:
-                return list(dict.fromkeys([tuple(a.spec[0]) if a.spec else (), axes]))
-    out = [axes] + [(a,) for a in sorted(axes, key=lambda a: -sizes[a])] + [()]
-    return list(dict.fromkeys(out))
-
-
-def plan_with_pipeline(plan_fn: Callable, fn: Callable, args, mesh, pipeline: str,
-                       microbatches, remat=None, repeats=None):
-    """The plan of ``fn`` with its marked loss's layer stack pipelined over mesh axis
-    ``pipeline`` (``"auto"``: each axis, and no pipeline), the whole axis a stage each, in
-    ``microbatches`` microbatches (``"auto"`` or ``None``: S, 2S and 4S for S stages), each
-    passing the stages ``repeats`` times (1: GPipe; V >= 2: the circular schedule;
-    ``"auto"``, and ``None`` under ``pipeline="auto"``: GPipe and every power of two V
-    dividing L / S). The fastest plan within the budget wins; where no pipeline fits, the
-    step accumulates gradients over K = 2, 4, ... pipelined steps of B / K rows each (the
-    fewest that fit)."""
-    from autoshard.errors import MemoryBudgetError
-    sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
-    if pipeline != "auto" and pipeline not in sizes:
-        raise InputError(f"pipeline names mesh axis {pipeline!r}; the mesh has "
-                         f"{list(sizes)} (or pass 'auto')")
-    check_count("microbatches", microbatches)
-    check_count("repeats", repeats, " (1: GPipe, V >= 2: the circular schedule)")
-    repeats = "auto" if repeats is None and pipeline == "auto" else repeats or 1
-    axes = [pipeline] if pipeline != "auto" else [a for a in sizes if sizes[a] > 1]
-    best, failure, trail = None, None, []
-    if pipeline == "auto":
-        try:
-            best = plan_with_microbatches(plan_fn, fn, args, mesh, microbatches, remat)
-            trail = best.solver.get("settings", [])
-        except MemoryBudgetError as e:
-            failure = e
-    for steps in (2 ** n for n in range(7)):   # accumulation steps K = 1, 2, 4, ...
-        staged, failure, divided = fastest_pipeline(plan_fn, fn, args, mesh, axes, sizes,
-                                                    microbatches, remat, steps, failure,
-                                                    strict=pipeline != "auto" and steps == 1,
-                                                    repeats=repeats, trail=trail,
-                                                    beat=_seconds(best))
-        if staged is not None and (best is None or staged.cost.total_s < best.cost.total_s):
-            best = staged
-        if best is not None or not divided or not isinstance(failure, MemoryBudgetError):
-            break
-    if best is None:
-        if failure is not None:
-            raise failure
-        raise InputError(f"no layer stack of the marked loss pipelines over {axes}")
-    best.solver["settings"] = trail
-    return best
-
-
-def circular_repeats(layers: int, stages: int, microbatches: int) -> list[int]:
-    """The circular schedule's repeats to weigh: powers of two V >= 2 dividing L / S (a
-    stage runs L / (S V) layers a pass), where there are as many microbatches as stages."""
-    if microbatches < stages or not layers:
-        return []
-    per_stage = layers // stages
-    return [v for v in (2 ** n for n in range(1, per_stage.bit_length()))
-            if per_stage % v == 0]
-
-
-def pipelining(axis: str, stages: int, microbatches: int, repeats: int) -> Pipelining:
-    """GPipe (one repeat) or the circular schedule (``repeats`` >= 2)."""
-    return Pipelining(axis, stages, microbatches, schedule="gpipe" if repeats == 1 else
-                      "circular", repeats=repeats)
-
-
-def fastest_pipeline(plan_fn, fn, args, mesh, axes, sizes, microbatches, remat, steps: int,
-                     failure, strict: bool, repeats=1, trail: list | None = None,
-                     beat: float | None = None):
-    """The fastest plan within the budget pipelined over one of ``axes``, accumulated over
-    ``steps`` pipelined steps; the last budget failure; and whether any setting traced (a
-    stack the stages and microbatches divide). ``strict``: a setting that finds no such
-    stack raises (the one setting asked for), rather than being skipped. ``repeats="auto"``
-    weighs GPipe, then the circular schedule's repeats the stack's layers divide.
-    ``trail`` hears each setting planned, as ``plan.solver["settings"]`` lists them. A
-    setting that cannot beat ``beat`` seconds or the fastest so far is dropped after one
-    LP (``seconds_to_beat``)."""
-    from autoshard.errors import MemoryBudgetError
-    from autoshard.solve import CannotBeat
-    best, divided = None, False
-    for axis in axes:
-        stages = sizes[axis]
-        counts = ([int(microbatches)] if microbatches not in (None, "auto")
-                  else [stages, 2 * stages, 4 * stages])
-        for count, policy in [(c, r) for c in counts for r in remat_choices(remat)]:
-            laps = [1 if repeats == "auto" else int(repeats)]
-            while laps:
-                record = TraceRecord()
-                setting = Microbatching(steps, pipeline=pipelining(axis, stages, count,
-                                                                   laps.pop(0)),
-                                        remat=policy)
-                started, outcome = time.perf_counter(), "fits"
-                to_beat = _seconds(best) if beat is None else min(beat, _seconds(best) or beat)
-                token = _TO_BEAT.set(to_beat)
-                with microbatching(setting, record, mesh):
-                    try:
-                        candidate = plan_fn(fn, *args)
-                    except MemoryBudgetError as e:
-                        failure, divided = e, True
-                        candidate = None
-                        outcome = f"over budget: at least {e.smallest_bytes:.4g} bytes"
-                    except CannotBeat as e:
-                        candidate, divided = None, True
-                        outcome = f"cannot beat {to_beat:.6g} s: at least {e.lower_bound:.6g} s"
-                    except InputError:
-                        if not strict or len(counts) > 1:
-                            continue   # no stack these stages and microbatches divide
-                        raise
-                    finally:
-                        _TO_BEAT.reset(token)
-                layers = record.stack_layers[0] if record.stack_layers else 0
-                if trail is not None:
-                    trail.append(pipeline_trail(setting, layers, outcome, candidate,
-                                                time.perf_counter() - started))
-                if repeats == "auto" and setting.pipeline.repeats == 1:
-                    laps = circular_repeats(layers, stages, count)
-                if candidate is None:
-                    continue
-                divided = True
-                candidate.microbatching = dataclasses.replace(
-                    setting, pipeline=dataclasses.replace(setting.pipeline, layers=layers))
-                if best is None or candidate.cost.total_s < best.cost.total_s:
-                    best = candidate
-    return best, failure, divided
-
-
-def pipeline_trail(setting: Microbatching, layers: int, outcome: str, found,
-                   plan_s: float) -> dict:
-    """A pipelined setting tried, as ``plan.solver["settings"]`` lists settings."""
-    staged = dataclasses.replace(setting.pipeline, layers=layers)
-    return {"setting": f"{describe(setting)}; {staged.describe()}", "outcome": outcome,
-            "microbatches": setting.microbatches, "replica_axes": [],
-            "remat": setting.remat, "pipeline": staged.axis, "schedule": staged.schedule,
-            "repeats": staged.repeats, "pipeline_microbatches": staged.microbatches,
-            "step_s": None if found is None else found.cost.total_s, "plan_s": plan_s}

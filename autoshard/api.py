@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import time
@@ -13,25 +14,23 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from autoshard import specs, validate
-from autoshard.accumulate import active_pipeline, seconds_to_beat
-from autoshard.apply import Decision, collection_paused, propagation_gives
-from autoshard.breakdown import cost_breakdown, memory_parts
+from autoshard.accumulate import active_pipeline
+from autoshard.apply import collection_paused
 from autoshard.cache import PLANS, cache_dir, plan_key
-from autoshard.cost import CostGraph, build_cost_graph, operand_reshard_seconds
-from autoshard.errors import InputError, MemoryBudgetError, PinError
-from autoshard.hardware import Backend, Hardware, default_hardware
-from autoshard.mesh import as_auto_mesh
-from autoshard.plan import ArgumentInfo, Plan, PlanCost, PlannedProgram, program_fingerprint
+from autoshard.cost import CostGraph, build_cost_graph
+from autoshard.errors import MemoryBudgetError, PinError
+from autoshard.hardware import Backend, Hardware
+from autoshard.options import PlanOptions
+from autoshard.plan import Plan, PlannedProgram, Solution, program_fingerprint
 from autoshard.pipeline import constraint_pins
 from autoshard.progress import PlanProgress
-from autoshard.search import solve_copies
-from autoshard.request import Evaluation, Request, Touching, evaluation, group_seconds
+from autoshard.search import Solved, solve_copies
+from autoshard.request import Request, Touching, evaluation, group_seconds
+from autoshard.settings import plan_settings
 from autoshard.solve import CannotBeat, InfeasibleBudget
 from autoshard.strategies import build_strategies
 from autoshard.trace import build_graph, hold_static_leaves, trace_program
 from autoshard.units import axis_sizes
-
-ALTERNATIVES_SHOWN = 4
 
 
 def resolve_pins(pins: Mapping[str, Any] | None, graph, sizes) -> dict[int, specs.Spec]:
@@ -117,70 +116,6 @@ def local_costs(request: Request, choice) -> list[np.ndarray]:
     choice, less the part no move of the group changes)."""
     touching = Touching.of(request)
     return [group_seconds(request, choice, g, touching) for g in range(len(request.node_costs))]
-
-
-def decisions_from(cg: CostGraph, chosen) -> dict[tuple, Decision]:
-    """Where apply constrains: resharded operands, every result, loop seams. ``chosen``:
-    a strategy per node (``CostGraph.node_strategies``)."""
-    graph = cg.space.graph
-    decisions = {}
-    for node in graph.nodes:
-        if node.kind in ("arg", "const", "output"):
-            continue
-        strategy = chosen[node.id]
-        in_specs = []
-        for i, value_id in enumerate(node.operands):
-            if value_id is None:
-                in_specs.append(None)
-                continue
-            value = graph.values[value_id]
-            have = chosen[value.producer].out_specs[value.index]
-            want = strategy.in_specs[i]
-            in_specs.append(want if want != have or node.kind == "boundary" else None)
-        # results are pinned: left free, XLA's propagation may pull a spec chosen for one
-        # user back into a shared producer, and its other users pay to undo it; except
-        # where propagation gives the planned spec anyway (fewer constraints compile faster)
-        out_specs = () if propagation_gives(graph, chosen, node) else strategy.out_specs
-        if any(s is not None for s in in_specs) or out_specs:
-            decisions[node.key] = Decision(tuple(in_specs) if any(
-                s is not None for s in in_specs) else (), tuple(out_specs))
-    return decisions
-
-
-def plan_cost(found: Evaluation) -> PlanCost:
-    """The plan's cost, read from the ``evaluation`` of its choice (the byte tiebreak,
-    no time, aside)."""
-    return PlanCost(compute_s=found.compute_s, comm_s=found.comm_s,
-                    memory_bytes=found.peak_bytes, reshard_s=found.reshard_s)
-
-
-def argument_infos(cg: CostGraph, request: Request, choice) -> list[ArgumentInfo]:
-    graph = cg.space.graph
-    totals = local_costs(request, choice)
-    infos = []
-    for path, node_id in zip(graph.arg_paths, graph.arg_nodes):
-        value = graph.values[graph.nodes[node_id].outputs[0]]
-        g = cg.group_of_node[node_id]
-        strategies = cg.space.strategies[node_id]
-        mine = cg.picks[node_id][choice[g]]
-        per_spec: dict = {}
-        for s in np.argsort(totals[g], kind="stable"):
-            spec = strategies[cg.picks[node_id][s]].out_specs[0]
-            per_spec.setdefault(spec, float(totals[g][s] - totals[g][choice[g]]))
-        chosen = strategies[mine].out_specs[0]
-        alternatives = tuple((s, x) for s, x in per_spec.items() if s != chosen)
-        infos.append(ArgumentInfo(path, value.shape, str(np.dtype(value.dtype))
-                                  if _is_numpy_dtype(value.dtype) else str(value.dtype),
-                                  chosen, alternatives[:ALTERNATIVES_SHOWN]))
-    return infos
-
-
-def _is_numpy_dtype(dtype) -> bool:
-    try:
-        np.dtype(dtype)
-        return True
-    except TypeError:
-        return False
 
 
 def donated_pairs(graph, donate_argnums: Sequence[int]) -> list[tuple[int, int]]:
@@ -345,45 +280,33 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
         new_params, loss = plan.jit()(params, batch)
     """
     validate.function(fn)
-    validate.plan_options(mesh=mesh, hardware=hardware, memory_budget=memory_budget, pins=pins,
-                          donate_argnums=donate_argnums, time_limit_s=time_limit_s, reuse=reuse,
-                          cache=cache, cache_directory=cache_directory, progress=progress,
-                          num_args=len(args))
-    if repeats is not None and pipeline is None:
-        raise InputError(f"repeats={repeats!r} sets a pipeline's schedule: pass pipeline= "
-                         "too")
-    if microbatches is not None or pipeline is not None or remat is not None:
-        from autoshard.accumulate import plan_with_microbatches, plan_with_pipeline
-        one = functools.partial(plan, mesh=mesh, hardware=hardware, memory_budget=memory_budget,
-                                pins=pins, donate_argnums=donate_argnums,
-                                time_limit_s=time_limit_s, reuse=reuse, cache=cache,
-                                cache_directory=cache_directory, progress=progress)
-        if pipeline is not None:
-            return plan_with_pipeline(one, fn, args, as_auto_mesh(mesh), pipeline, microbatches,
-                                      remat, repeats)
-        return plan_with_microbatches(one, fn, args, as_auto_mesh(mesh), microbatches, remat)
+    options = PlanOptions.build(
+        mesh=mesh, hardware=hardware, memory_budget=memory_budget, pins=pins,
+        donate_argnums=donate_argnums, time_limit_s=time_limit_s, reuse=reuse, cache=cache,
+        cache_directory=cache_directory, progress=progress, microbatches=microbatches,
+        pipeline=pipeline, remat=remat, repeats=repeats, num_args=len(args))
+    if options.searches_settings:
+        return plan_settings(plan_program, fn, args, options)
+    return plan_program(fn, args, options)
+
+
+def plan_program(fn: Callable, args: tuple, options: PlanOptions) -> Plan:
+    """The plan of ``fn`` at ``args`` as traced (under the settings search's rewrite, if
+    any): looked up in the cache, or solved (``solve_program``) and kept there."""
     started = time.perf_counter()
-    donate_argnums = validate.argnums("donate_argnums", donate_argnums)
-    mesh = as_auto_mesh(mesh)
-    hw = hardware or default_hardware(mesh)
-    budget = hw.memory if memory_budget is None else float(memory_budget)
-    with PlanProgress(progress) as show, collection_paused():
+    with PlanProgress(options.progress) as show, collection_paused():
         program = trace_program(fn, *args)
         jaxpr_s = time.perf_counter() - started
-        pins = pin_paths(pins, program.paths, args)
+        options = dataclasses.replace(options, pins=pin_paths(options.pins, program.paths, args))
         fingerprint = program_fingerprint(program.closed_jaxpr, program.leaves)
-        options = {"memory_budget": budget, "donate_argnums": list(donate_argnums),
-                   "pins": sorted((k, repr(v)) for k, v in (pins or {}).items()),
-                   "time_limit_s": time_limit_s, "reuse": reuse}
-        key = plan_key(fingerprint, program.paths, mesh, hw, options)
-        directory = cache_dir(cache_directory)
-        found = PLANS.get(key, directory) if cache else None
+        key = plan_key(fingerprint, program.paths, options)
+        directory = cache_dir(options.cache_directory)
+        found = PLANS.get(key, directory) if options.cache else None
         if found is not None:
-            plan_ = cached_plan(found, mesh, program, started)
+            plan_ = cached_plan(found, options.mesh, program, started)
         else:
-            plan_ = solve_program(program, mesh, hw, budget, pins, donate_argnums,
-                                  time_limit_s, reuse, show, fingerprint, started)
-            if cache:
+            plan_ = solve_program(program, options, fingerprint, show, started)
+            if options.cache:
                 PLANS.put(key, plan_.to_json(indent=None), directory)
         plan_.solver["jaxpr_s"] = jaxpr_s   # this call's make_jaxpr, also on a cache hit
         return plan_
@@ -397,18 +320,21 @@ def cached_plan(found: tuple[str, str], mesh: Mesh, program, started: float) -> 
     return plan_
 
 
-def solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s, reuse,
-                  show, fingerprint, started) -> Plan:
-    """The stages after tracing: graph, strategies, costs, coarsening, solving."""
+def solve_program(program, options: PlanOptions, fingerprint: str, show,
+                  started: float) -> Plan:
+    """The stages after tracing: graph, strategies, costs, coarsening, solving; the plan
+    (``Plan.from_solution``). ``options.pins`` in the path form; ``show`` hears each
+    stage; ``started``: ``time.perf_counter()`` when planning began."""
+    mesh, hw, budget = options.mesh, options.hardware, options.memory_budget
     sizes = axis_sizes(mesh)
     show.stage(f"building the graph of {program.num_eqns} equations")
     graph = build_graph(program)
     traced = time.perf_counter()
     show.stage(f"enumerating strategies for {len(graph.nodes)} nodes")
-    pinned = resolve_pins(pins, graph, sizes)
+    pinned = resolve_pins(options.pins, graph, sizes)
     if active_pipeline() is not None:   # the stage dims the pipeline put on its axis
         pinned.update(constraint_pins(graph, active_pipeline().axis))
-    donated = donated_pairs(graph, tuple(donate_argnums))
+    donated = donated_pairs(graph, options.donate_argnums)
     user_pinned = pinned
     pinned = pin_donated_arguments(graph, pinned, donated)
     backend = Backend.of(mesh)
@@ -424,46 +350,31 @@ def solve_program(program, mesh, hw, budget, pins, donate_argnums, time_limit_s,
             warn_unaliased(graph, unkept, pinned)
             donated = [pair for pair in donated if pair not in unkept]
             cg = build_cost_graph(space, donated, backend.native_reduce_scatter, share)
-        return cg, cg.request(budget, time_limit_s)
+        return cg, cg.request(budget, options.time_limit_s)
 
     stages = {"trace": traced - started, "cost": enumerated - traced}   # seconds each
     try:
-        solved = solve_copies(price, budget, reuse, seconds_to_beat(), show.stage, stages)
+        solved = solve_copies(price, budget, options.reuse, options.seconds_to_beat,
+                              show.stage, stages)
     except CannotBeat as e:
         e.stage_seconds = stages
         raise
-    cg, request, coarse, result = solved.cost_graph, solved.request, solved.coarse, solved.result
-    if isinstance(result, InfeasibleBudget):
+    if isinstance(solved.result, InfeasibleBudget):
         error = budget_error(solved, graph, donated, budget, sizes)
         error.stage_seconds = stages
         raise error from None
     show.stage("writing the plan")
-    choice = coarse.expand(result.choice)
-    found = evaluation(request, choice)
-    chosen = cg.node_strategies(choice)
-    reshards = operand_reshard_seconds(cg, chosen)
-    out_specs = []
-    for node_id, aval in zip(graph.output_nodes, graph.out_avals):
-        if node_id is None:
-            out_specs.append(specs.replicated(len(aval.shape)))
-        else:
-            out_specs.append(chosen[node_id].out_specs[0])
-    plan_ = Plan(mesh=mesh, hardware=hw, arguments=argument_infos(cg, request, choice),
-                 out_specs=out_specs, decisions=decisions_from(cg, chosen),
-                 cost=plan_cost(found),
-                 fingerprint=fingerprint, memory_budget=budget,
-                 donate_argnums=tuple(donate_argnums),
-                 program=PlannedProgram(graph.closed_jaxpr, graph.in_tree, graph.out_tree),
-                 breakdown=cost_breakdown(cg, chosen, reshards, found.latency_s),
-                 memory_parts=memory_parts(cg, choice, found.peak_bytes))
-    plan_.solver.update({
-        "status": result.status, "objective_s": result.objective,
-        "tiebreak_s": found.tiebreak_s,
-        "lower_bound_s": result.lower_bound, "groups": cg.num_groups,
-        "solved_groups": coarse.num_classes, "nodes": len(graph.nodes),
-        "edges": len(cg.edges), **{f"{stage}_s": s for stage, s in stages.items()},
-        "plan_s": time.perf_counter() - started, "cache": None})
-    return plan_
+    return Plan.from_solution(solution_of(solved, stages), options, fingerprint, started)
+
+
+def solution_of(solved: Solved, stage_seconds: dict[str, float]) -> Solution:
+    """What the plan stage reads of the solve stage's outcome: the solver's choice expanded
+    to every group, its evaluation and each group's local seconds."""
+    request, result = solved.request, solved.result
+    choice = solved.coarse.expand(result.choice)
+    return Solution(solved.cost_graph, choice, evaluation(request, choice),
+                    local_costs(request, choice), result.status, result.objective,
+                    result.lower_bound, solved.coarse.num_classes, stage_seconds)
 
 
 def budget_error(solved, graph, donated, budget: float, sizes) -> Exception:

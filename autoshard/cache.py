@@ -16,7 +16,10 @@ import json
 import os
 import pathlib
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from autoshard.options import PlanOptions
 
 CACHE_DIR_ENV = "AUTOSHARD_CACHE_DIR"
 MAX_IN_MEMORY = 64
@@ -33,13 +36,17 @@ def source_hash() -> str:
     return digest.hexdigest()
 
 
-def plan_key(fingerprint: str, paths, mesh, hardware, options: dict[str, Any]) -> str:
-    """A hex digest of everything a plan depends on."""
+def plan_key(fingerprint: str, paths, options: PlanOptions) -> str:
+    """A hex digest of everything a plan depends on: the program (``fingerprint``, its
+    argument ``paths``), the options' mesh and hardware, the rest of the options that
+    decide the plan (``PlanOptions.key_options``) and autoshard's code."""
+    mesh = options.mesh
     mesh_desc = {"axis_names": list(mesh.axis_names), "shape": list(mesh.devices.shape),
                  "platform": mesh.devices.flat[0].platform}
     text = json.dumps({"program": fingerprint, "paths": list(paths), "mesh": mesh_desc,
-                       "hardware": hardware.to_dict(), "options": options,
-                       "code": source_hash()}, sort_keys=True, default=repr)
+                       "hardware": options.hardware.to_dict(),
+                       "options": options.key_options(), "code": source_hash()},
+                      sort_keys=True, default=repr)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

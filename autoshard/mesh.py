@@ -35,8 +35,10 @@ def make_mesh(axis_shapes: Sequence[int], axis_names: Sequence[str], *, devices=
                 axis_types=(AxisType.Auto,) * len(axis_names))
 
 
-def as_auto_mesh(mesh) -> Mesh:
-    """Return ``mesh`` with Auto axes, converting Explicit/Manual ones with a warning."""
+def as_auto_mesh(mesh, stacklevel: int = 3) -> Mesh:
+    """Return ``mesh`` with Auto axes, converting Explicit/Manual ones with a warning
+    (``stacklevel`` as ``warnings.warn`` takes it, counted from this function's caller
+    plus one: 3 names the caller's caller)."""
     if not isinstance(mesh, Mesh):
         raise MeshError(f"expected a jax.sharding.Mesh, got {type(mesh).__name__}")
     types = tuple(getattr(mesh, "axis_types", ()) or ())
@@ -46,6 +48,6 @@ def as_auto_mesh(mesh) -> Mesh:
     warnings.warn(
         f"mesh axes {bad} are not AxisType.Auto; autoshard uses a copy of the mesh with Auto "
         "axes (with_sharding_constraint is refused on Explicit axes). Build meshes with "
-        "autoshard.make_mesh to silence this.", stacklevel=3)
+        "autoshard.make_mesh to silence this.", stacklevel=stacklevel)
     return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
 

@@ -3,6 +3,7 @@
 A ``Plan`` is self-contained: specs per argument and output, the constraints ``apply``
 inserts (keyed by equation path), the predicted cost and, per argument, why its spec won
 (the runner-up specs and what each would cost). It round-trips through JSON exactly.
+``Plan.from_solution`` builds it from what the solve stage hands over (a ``Solution``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import difflib
 import hashlib
 import json
 import re
-from typing import Any, Mapping, Sequence
+import time
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -20,15 +22,21 @@ from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 from jax.sharding import Mesh, NamedSharding
 
 from autoshard import specs, validate
-from autoshard.apply import Decision, make_jit
-from autoshard.breakdown import CostItem
+from autoshard.apply import Decision, make_jit, propagation_gives
+from autoshard.breakdown import CostItem, cost_breakdown, memory_parts
+from autoshard.cost import CostGraph, operand_reshard_seconds
 from autoshard.errors import AutoshardError, MeshError, PlanError
 from autoshard.hardware import Hardware
+from autoshard.request import Evaluation
 from autoshard.specs import Spec
 from autoshard.trace import static_as_none
 from autoshard.units import axis_sizes, format_bytes
 
+if TYPE_CHECKING:
+    from autoshard.options import PlanOptions
+
 FORMAT_VERSION = 1
+ALTERNATIVES_SHOWN = 4   # runner-up specs kept per argument
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +158,98 @@ class PlannedProgram:
     out_tree: Any
 
 
+@dataclasses.dataclass(frozen=True)
+class Solution:
+    """What the solve stage hands the plan stage: the cost graph the choice is priced on,
+    a strategy per group (the solver's choice expanded from its coarsening), the
+    ``evaluation`` of that choice, per group the plan's seconds as a function of that
+    group's strategy alone (``api.local_costs``: the runner-ups of each argument), and
+    the solver's record: status, objective and lower bound in seconds, how many groups
+    it solved (one per class of repeats), each stage's seconds."""
+
+    cost_graph: CostGraph
+    choice: Sequence[int]
+    evaluation: Evaluation
+    local_seconds: Sequence[np.ndarray]
+    status: str
+    objective_s: float
+    lower_bound_s: float
+    solved_groups: int
+    stage_seconds: Mapping[str, float]
+
+
+def decisions_from(cg: CostGraph, chosen) -> dict[tuple, Decision]:
+    """Where apply constrains: resharded operands, every result, loop seams. ``chosen``:
+    a strategy per node (``CostGraph.node_strategies``)."""
+    graph = cg.space.graph
+    decisions = {}
+    for node in graph.nodes:
+        if node.kind in ("arg", "const", "output"):
+            continue
+        strategy = chosen[node.id]
+        in_specs = []
+        for i, value_id in enumerate(node.operands):
+            if value_id is None:
+                in_specs.append(None)
+                continue
+            value = graph.values[value_id]
+            have = chosen[value.producer].out_specs[value.index]
+            want = strategy.in_specs[i]
+            in_specs.append(want if want != have or node.kind == "boundary" else None)
+        # results are pinned: left free, XLA's propagation may pull a spec chosen for one
+        # user back into a shared producer, and its other users pay to undo it; except
+        # where propagation gives the planned spec anyway (fewer constraints compile faster)
+        out_specs = () if propagation_gives(graph, chosen, node) else strategy.out_specs
+        if any(s is not None for s in in_specs) or out_specs:
+            decisions[node.key] = Decision(tuple(in_specs) if any(
+                s is not None for s in in_specs) else (), tuple(out_specs))
+    return decisions
+
+
+def plan_cost(found: Evaluation) -> PlanCost:
+    """The plan's cost, read from the ``evaluation`` of its choice (the byte tiebreak,
+    no time, aside)."""
+    return PlanCost(compute_s=found.compute_s, comm_s=found.comm_s,
+                    memory_bytes=found.peak_bytes, reshard_s=found.reshard_s)
+
+
+def argument_infos(cg: CostGraph, choice, local_seconds) -> list[ArgumentInfo]:
+    """Per argument: its chosen spec and the runner-up specs with the seconds each would
+    add, read from ``local_seconds`` (``Solution.local_seconds``)."""
+    graph = cg.space.graph
+    infos = []
+    for path, node_id in zip(graph.arg_paths, graph.arg_nodes):
+        value = graph.values[graph.nodes[node_id].outputs[0]]
+        g = cg.group_of_node[node_id]
+        strategies = cg.space.strategies[node_id]
+        mine = cg.picks[node_id][choice[g]]
+        per_spec: dict = {}
+        for s in np.argsort(local_seconds[g], kind="stable"):
+            spec = strategies[cg.picks[node_id][s]].out_specs[0]
+            per_spec.setdefault(spec, float(local_seconds[g][s] - local_seconds[g][choice[g]]))
+        chosen = strategies[mine].out_specs[0]
+        alternatives = tuple((s, x) for s, x in per_spec.items() if s != chosen)
+        infos.append(ArgumentInfo(path, value.shape, str(np.dtype(value.dtype))
+                                  if _is_numpy_dtype(value.dtype) else str(value.dtype),
+                                  chosen, alternatives[:ALTERNATIVES_SHOWN]))
+    return infos
+
+
+def _is_numpy_dtype(dtype) -> bool:
+    try:
+        np.dtype(dtype)
+        return True
+    except TypeError:
+        return False
+
+
+def output_specs(graph, chosen) -> list[Spec]:
+    """A spec per result: its output node's, or replicated where no node computes it."""
+    return [specs.replicated(len(aval.shape)) if node_id is None
+            else chosen[node_id].out_specs[0]
+            for node_id, aval in zip(graph.output_nodes, graph.out_avals)]
+
+
 class Plan:
     """A sharding plan for one program on one mesh.
 
@@ -180,6 +280,33 @@ class Plan:
         self.breakdown = tuple(breakdown)          # CostItem per (group, layer)
         self.memory_parts = dict(memory_parts or {})  # arguments/outputs/temporaries bytes
         self.microbatching = None   # accumulate.Microbatching when planned with microbatches
+
+    @classmethod
+    def from_solution(cls, solution: Solution, options: PlanOptions, fingerprint: str,
+                      started: float) -> Plan:
+        """The plan of ``solution`` (the solve stage's), planned with ``options`` for the
+        program of ``fingerprint``; ``started``: ``time.perf_counter()`` when planning
+        began (``solver["plan_s"]``)."""
+        cg, found, choice = solution.cost_graph, solution.evaluation, solution.choice
+        graph = cg.space.graph
+        chosen = cg.node_strategies(choice)
+        reshards = operand_reshard_seconds(cg, chosen)
+        plan_ = cls(mesh=options.mesh, hardware=options.hardware,
+                    arguments=argument_infos(cg, choice, solution.local_seconds),
+                    out_specs=output_specs(graph, chosen), decisions=decisions_from(cg, chosen),
+                    cost=plan_cost(found), fingerprint=fingerprint,
+                    memory_budget=options.memory_budget, donate_argnums=options.donate_argnums,
+                    program=PlannedProgram(graph.closed_jaxpr, graph.in_tree, graph.out_tree),
+                    breakdown=cost_breakdown(cg, chosen, reshards, found.latency_s),
+                    memory_parts=memory_parts(cg, choice, found.peak_bytes))
+        plan_.solver.update({
+            "status": solution.status, "objective_s": solution.objective_s,
+            "tiebreak_s": found.tiebreak_s, "lower_bound_s": solution.lower_bound_s,
+            "groups": cg.num_groups, "solved_groups": solution.solved_groups,
+            "nodes": len(graph.nodes), "edges": len(cg.edges),
+            **{f"{stage}_s": s for stage, s in solution.stage_seconds.items()},
+            "plan_s": time.perf_counter() - started, "cache": None})
+        return plan_
 
     @property
     def pipeline(self):

@@ -141,6 +141,34 @@ def plan_options(*, mesh, hardware, memory_budget, pins, donate_argnums, time_li
         directory_path("cache_directory", cache_directory, create=True)
 
 
+
+def setting_options(*, microbatches, pipeline, remat, repeats, axis_names) -> None:
+    """The settings of ``autoshard.plan`` (``microbatches``, ``pipeline``, ``remat``,
+    ``repeats``) on a mesh with axes ``axis_names``."""
+    from autoshard.pipeline import REMAT_POLICIES
+    if repeats is not None and pipeline is None:
+        raise InputError(f"repeats={repeats!r} sets a pipeline's schedule: pass pipeline= "
+                         "too")
+    if pipeline is not None and pipeline != "auto" and pipeline not in axis_names:
+        raise InputError(f"pipeline names mesh axis {pipeline!r}; the mesh has "
+                         f"{list(axis_names)} (or pass 'auto')")
+    count_or_auto("microbatches", microbatches)
+    count_or_auto("repeats", repeats, " (1: GPipe, V >= 2: the circular schedule)")
+    if remat not in (None, "auto") and remat not in REMAT_POLICIES:
+        raise InputError(f"remat must be None, 'auto' or one of {sorted(REMAT_POLICIES)}, "
+                         f"not {remat!r}")
+
+
+def count_or_auto(name: str, value, meaning: str = "") -> None:
+    """``value`` of option ``name`` is None, ``"auto"`` or a positive int, or
+    ``InputError`` (``meaning``: what its values mean, for the message)."""
+    if value is None or isinstance(value, str) and value == "auto":
+        return
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        raise InputError(f"{name} must be None, a positive int{meaning} or 'auto', "
+                         f"not {value!r}")
+
+
 # -- paths ------------------------------------------------------------------------------------
 
 def as_path(name: str, value) -> pathlib.Path:

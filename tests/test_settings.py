@@ -1,0 +1,126 @@
+"""The search over settings (``settings.py``) on a stub planner: each setting's program is
+traced for real (the marked loss is rewritten into K microbatches), but planned by a table
+of step seconds and bytes per setting, so the search's choices can be checked by hand."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import autoshard
+from autoshard.accumulate import active_setting
+from autoshard.errors import MemoryBudgetError
+from autoshard.options import PlanOptions
+from autoshard.plan import ArgumentInfo, PlanCost
+from autoshard.settings import plan_settings, replica_candidates
+from autoshard.solve import CannotBeat
+
+ROWS = 64
+
+
+def loss_fn(w, batch):
+    return jnp.mean((batch @ w) ** 2)
+
+
+def train_step(w, batch):
+    loss, grad = autoshard.value_and_grad(loss_fn)(w, batch)
+    return w - 0.1 * grad, loss
+
+
+ARGS = (jax.ShapeDtypeStruct((4, 4), jnp.float32), jax.ShapeDtypeStruct((ROWS, 4), jnp.float32))
+
+
+@dataclasses.dataclass
+class StubPlan:
+    cost: PlanCost
+    solver: dict
+    arguments: tuple
+    microbatching: object = None
+
+
+class StubPlanner:
+    """Plans one traced program from ``table``: (K, replica axes) -> (seconds, bytes),
+    raising as the solve stage does over the budget or where the seconds to beat are not
+    beaten. ``calls`` hears each setting and the options it was planned with."""
+
+    def __init__(self, table):
+        self.table = table
+        self.calls = []
+
+    def __call__(self, fn, args, options):
+        jax.make_jaxpr(lambda *a: fn(*a))(*args)   # traced afresh under the active setting
+        setting = active_setting()
+        key = (1, ()) if setting is None else (setting.microbatches, setting.replica_axes)
+        self.calls.append((key, options))
+        seconds, num_bytes = self.table[key]
+        if options.seconds_to_beat is not None and seconds >= options.seconds_to_beat:
+            raise CannotBeat(seconds)
+        if num_bytes > options.memory_budget:
+            raise MemoryBudgetError("over", options.memory_budget, num_bytes)
+        batch = ArgumentInfo("batch", (ROWS, 4), "float32", (("data",), ()))
+        return StubPlan(PlanCost(seconds, 0.0, num_bytes), {}, (batch,))
+
+
+def options_for(mesh, **kwargs):
+    return PlanOptions.build(mesh=mesh, memory_budget=100.0, cache=False, progress=False,
+                             **kwargs)
+
+
+def test_auto_microbatches_keep_the_fastest_fitting_k_and_stop_when_outpaced(mesh_1d):
+    # K=1 holds 200 bytes, over the budget of 100; each K splits over data (faster) or
+    # over no axis. K=2 fits at 3 s, K=4 at 2 s; K=8 would take 2.5 s: told to beat 2 s it
+    # gives up, and K=16 is never tried.
+    table = {(1, ()): (1.0, 200.0)}
+    for k, seconds in ((2, 3.0), (4, 2.0), (8, 2.5), (16, 1.0)):
+        table[k, ("data",)] = (seconds, 90.0 / k)
+        table[k, ()] = (seconds + 0.5, 90.0 / k)
+    planner = StubPlanner(table)
+    options = options_for(mesh_1d, microbatches="auto")
+    found = plan_settings(planner, train_step, ARGS, options)
+    assert found.microbatching.microbatches == 4
+    assert found.microbatching.replica_axes == ("data",)
+    assert found.cost.total_s == 2.0
+    # each setting is told the best step seconds found before it
+    tried = [(key, o.seconds_to_beat) for key, o in planner.calls]
+    assert tried == [((1, ()), None), ((2, ("data",)), None), ((2, ()), 3.0),
+                     ((4, ("data",)), 3.0), ((4, ()), 2.0),
+                     ((8, ("data",)), 2.0), ((8, ()), 2.0)]
+    # and planned with the caller's options otherwise
+    for _, received in planner.calls:
+        assert dataclasses.replace(received, seconds_to_beat=None) == options
+    outcomes = [(s["setting"], s["outcome"]) for s in found.solver["settings"]]
+    assert outcomes == [
+        ("K=1, no remat", "over budget: at least 200 bytes"),
+        ("K=2 over data, remat none", "fits"),
+        ("K=2, remat none", "cannot beat 3 s: at least 3.5 s"),
+        ("K=4 over data, remat none", "fits"),
+        ("K=4, remat none", "cannot beat 2 s: at least 2.5 s"),
+        ("K=8 over data, remat none", "cannot beat 2 s: at least 2.5 s"),
+        ("K=8, remat none", "cannot beat 2 s: at least 3 s")]
+
+
+def test_a_fixed_count_plans_that_count_only(mesh_1d):
+    # K=1 is planned first (it tells the batch and the replica axes) but not kept
+    table = {(1, ()): (1.0, 50.0), (2, ("data",)): (3.0, 40.0)}
+    planner = StubPlanner(table)
+    found = plan_settings(planner, train_step, ARGS, options_for(mesh_1d, microbatches=2))
+    assert found.microbatching.microbatches == 2 and found.cost.total_s == 3.0
+    assert [key for key, _ in planner.calls] == [(1, ()), (2, ("data",))]
+
+
+def test_no_setting_fitting_raises_the_last_budget_failure(mesh_1d):
+    table = {(k, axes): (1.0, 1000.0 / k) for k in (1, 2, 4, 8) for axes in (("data",), ())}
+    planner = StubPlanner(table)
+    with pytest.raises(MemoryBudgetError) as e:
+        plan_settings(planner, train_step, ARGS, options_for(mesh_1d, microbatches=4))
+    assert e.value.smallest_bytes == 250.0   # K=4's, the last tried
+
+
+def test_replica_candidates():
+    sizes = {"data": 2, "model": 4, "one": 1}
+    # the plan without microbatches splits the batch over data: that, and every axis
+    base = StubPlan(PlanCost(1, 0, 0), {}, (ArgumentInfo("b", (8, 4), "f32", (("data",), ())),))
+    assert replica_candidates(base, 8, sizes) == [("data",), ("data", "model")]
+    # no such plan: every axis, each alone (largest first), none
+    assert replica_candidates(None, 8, sizes) == [("data", "model"), ("model",), ("data",), ()]
