@@ -6,7 +6,7 @@
     step = plan.jit(donate_argnums=(0, 1))
 """
 
-from autoshard import _zoo_path
+from autoshard import _zoo_path  # noqa: F401  (installs the zoo finder)
 from autoshard.accumulate import value_and_grad
 from autoshard.api import AutoSharded, auto_shard, plan
 from autoshard.errors import (AutoshardError, HardwareError, InputError, LaunchError,

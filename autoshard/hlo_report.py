@@ -375,7 +375,7 @@ def _mesh_groups(text: str) -> list[list[int]]:
     refs = [(n, int(p) if p else None, int(s) if s else None) for n, p, s in
             re.findall(r"'?([^':,\s()]+)'?(?::\((\d+)\)(\d+))?", group_text)]
     reshape, grouped_dims = [], []
-    for dim, (name, full) in enumerate(zip(names, sizes)):
+    for name, full in zip(names, sizes):
         mine = [(k, r) for k, r in enumerate(refs) if r[0] == name]
         offset = len(reshape)
         if not mine:

@@ -19,7 +19,8 @@ Each interpreter keeps a table of its own rules for the control-flow primitives
 interpreters that run the program (``apply``, and ``pipeline``'s rewrite of a layer stack)
 share the loop itself: :func:`run_jaxpr` reads each equation's inputs, hands them to the
 interpreter's rule for the equation, and writes its results; :func:`run_inlined` and
-:func:`bind` are the rules both give an inlined call and an ordinary primitive.
+:func:`bind` are the rules both give an inlined call and an ordinary primitive. ``trace``
+runs the same loop over graph values (a literal is no value of the graph).
 """
 
 from __future__ import annotations
@@ -49,15 +50,20 @@ def split_closed(jaxpr) -> tuple[Any, Sequence]:
     return jaxpr, ()
 
 
+def literal_value(literal: Literal):
+    """A literal operand read as its value (what running the program needs)."""
+    return literal.val
+
+
 def run_jaxpr(jaxpr, consts: Sequence, args: Sequence, rule: Callable,
-              key: tuple = ()) -> list:
+              key: tuple = (), literal: Callable = literal_value) -> list:
     """JAX's read/bind/write loop over ``jaxpr``: each equation's results are
-    ``rule(eqn, inputs, its node key)``."""
+    ``rule(eqn, inputs, its node key)``, a literal input read as ``literal(atom)``."""
     env = dict(zip(jaxpr.constvars, consts))
     env.update(zip(jaxpr.invars, args))
 
     def read(atom):
-        return atom.val if isinstance(atom, Literal) else env[atom]
+        return literal(atom) if isinstance(atom, Literal) else env[atom]
     for i, eqn in enumerate(jaxpr.eqns):
         env.update(zip(eqn.outvars, rule(eqn, [read(v) for v in eqn.invars], eqn_key(key, i))))
     return [read(v) for v in jaxpr.outvars]

@@ -16,7 +16,6 @@ from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
-from jax.extend.core import Literal
 
 from autoshard import interpret as ik
 from autoshard import validate
@@ -156,23 +155,14 @@ class GraphBuilder:
 
     # -- walking ---------------------------------------------------------------------------
     def walk(self, jaxpr, consts, in_values, key, weight) -> list[int | None]:
-        env: dict = {}
-        for i, (var, const) in enumerate(zip(jaxpr.constvars, consts)):
-            aval = jax.typeof(const)
-            env[var] = self.new_node("const", "const", ik.const_key(key, i), [], [], [aval],
-                                     weight=weight)[0]
-        for var, value in zip(jaxpr.invars, in_values):
-            env[var] = value
-
-        def read(atom):
-            return None if isinstance(atom, Literal) else env[atom]
-
-        for i, eqn in enumerate(jaxpr.eqns):
-            ins = [read(v) for v in eqn.invars]
-            outs = self.eqn(eqn, ins, ik.eqn_key(key, i), weight)
-            for var, value in zip(eqn.outvars, outs):
-                env[var] = value
-        return [read(v) for v in jaxpr.outvars]
+        """The graph values of ``jaxpr``'s results: a node per constant and equation,
+        joined by :func:`interpret.run_jaxpr` (a literal operand is no graph value)."""
+        const_values = [self.new_node("const", "const", ik.const_key(key, i), [], [],
+                                      [jax.typeof(const)], weight=weight)[0]
+                        for i, const in enumerate(consts)]
+        return ik.run_jaxpr(jaxpr, const_values, in_values,
+                            lambda eqn, ins, k: self.eqn(eqn, ins, k, weight), key,
+                            literal=lambda _: None)
 
     def eqn(self, eqn, ins, key, weight) -> list[int]:
         name = eqn.primitive.name

@@ -1226,7 +1226,7 @@ def choice_sentences(arg, mesh: Mesh) -> str:
     if not arg.alternatives:
         return (first + " No other spec was open to it: it is pinned, too small to split, "
                 "or no mesh axis divides its dims.")
-    (spec, extra), *rest = arg.alternatives
+    spec, extra = arg.alternatives[0]
     if abs(extra) < 1e-12:
         why = f" {specs.spec_str(spec)} would cost the same per step."
     elif extra < 0:

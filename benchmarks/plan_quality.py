@@ -52,7 +52,7 @@ MESHES = {"8": ((8,), ("data",)), "2x4": ((2, 4), ("data", "model")),
 
 def hardware_for(mesh_name: str) -> autoshard.Hardware:
     """An H100 node; on 8x2 (two nodes of 8) the first axis crosses the node boundary."""
-    shape, names = MESHES[mesh_name]
+    names = MESHES[mesh_name][1]
     inter = {names[0]: INTER_NODE} if mesh_name == "8x2" else {}
     return autoshard.Hardware(flops=4.9e14, hbm_bandwidth=2.7e12, memory=80e9,
                               link_bandwidth={n: inter.get(n, NVLINK) for n in names},

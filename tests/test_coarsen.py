@@ -78,7 +78,7 @@ def test_dropping_dominated_strategies_keeps_the_optimum(seed):
     costs = [c.copy() for c in request.node_costs]
     costs[0][3] = costs[0][1] + 1.0
     edges = [(u, v, m.copy()) for u, v, m in request.edges]
-    for k, (u, v, m) in enumerate(edges):
+    for u, v, m in edges:
         if u == 0:
             m[3, :] = m[1, :]
         if v == 0:

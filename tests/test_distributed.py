@@ -7,7 +7,6 @@ simulated CPU devices with gloo collectives) and compare with one process of 8 d
 from __future__ import annotations
 
 import io
-import json
 import os
 import subprocess
 import sys

@@ -2,7 +2,6 @@
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
@@ -208,5 +207,5 @@ def test_past_the_cap_a_shared_copy_is_held_once_and_paid_per_read(mesh_1d, monk
     gather = 64 * 256 * 4
     assert list(capped.choice) == list(shared.choice) and capped_bytes == shared_bytes
     assert capped.objective > shared.objective + 0.5 * autoshard.H100.link_latency
-    cg, unshared, unshared_bytes = priced(share=False)
+    cg, _, unshared_bytes = priced(share=False)
     assert cg.held_per_read and unshared_bytes == shared_bytes + gather

@@ -142,7 +142,7 @@ def test_lm_1b_is_abstract_and_about_a_billion_params():
     before = _live_bytes()
     p = programs.lm_1b_train_step_abstract()
     assert p.is_abstract
-    params, opt_state, batch = p.abstract_args()
+    params, opt_state, _ = p.abstract_args()
     assert 0.9e9 <= programs.param_count(params) <= 1.3e9
     assert programs.param_count(opt_state["m"]) == programs.param_count(params)
     jaxpr = jax.make_jaxpr(p.fn)(*p.abstract_args())

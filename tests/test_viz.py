@@ -215,7 +215,7 @@ def test_diff_against_a_pinned_plan(plan, mlp):
 
 def test_diff_against_expert_in_shardings(plan, mlp):
     mesh = plan.mesh
-    params, batch = mlp.args
+    params, _ = mlp.args
     replicated = NamedSharding(mesh, P())
     expert = (jax.tree.map(lambda _: replicated, params),
               {"x": NamedSharding(mesh, P(("data", "model"))), "y": P(("data", "model"))})

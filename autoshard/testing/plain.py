@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -165,7 +165,7 @@ def _lm_params(cfg: LMConfig, seed: int) -> dict:
 def moe_mlp(p, x, cfg: LMConfig):
     """Top-1 routing per sequence with a capacity, as GShard's dispatch and combine
     einsums (an expert-parallel layout moves tokens with all-to-all)."""
-    b, s, d = x.shape
+    s = x.shape[1]
     e = cfg.experts
     capacity = max(1, int(math.ceil(cfg.capacity_factor * s / e)))
     probs = jax.nn.softmax(x @ p["router"], axis=-1)                   # [b, s, e]
