@@ -26,6 +26,7 @@ program will hold.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Mapping, Sequence
 
@@ -625,11 +626,15 @@ def reshard_steps(shape: Sequence[int], itemsize: float, src: Spec, dst: Spec,
 
 def group_axes(groups, axis_sizes: Mapping[str, int]) -> tuple[str, ...]:
     """The mesh axes along which the devices of any one group differ."""
-    names = list(axis_sizes)
-    coords = np.array(np.unravel_index(np.arange(math.prod(axis_sizes.values())),
-                                       [axis_sizes[a] for a in names])).T
-    varies = set()
-    for g in groups:
-        c = coords[list(g)]
-        varies |= {names[k] for k in range(len(names)) if len(set(c[:, k])) > 1}
-    return tuple(a for a in names if a in varies)
+    names, coords = _coordinates(tuple(axis_sizes.items()))
+    c = coords[np.asarray(groups)]                     # [group, member, axis]
+    varies = (c != c[:, :1]).any(axis=(0, 1))
+    return tuple(a for a, v in zip(names, varies) if v)
+
+
+@functools.lru_cache(maxsize=64)
+def _coordinates(axes: tuple[tuple[str, int], ...]) -> tuple[tuple[str, ...], np.ndarray]:
+    """The mesh axis names, and each device's coordinate along each (row-major ids)."""
+    names = tuple(a for a, _ in axes)
+    sizes = [n for _, n in axes]
+    return names, np.array(np.unravel_index(np.arange(math.prod(sizes)), sizes)).T
