@@ -226,11 +226,13 @@ def term_over_classes(term: MemoryTerm, class_of: np.ndarray, entry_of: list[int
 
 def _merged(shared_edges):
     """Entries paid under the same condition (copies of a layer's reshard, now on the
-    same classes) as one entry of their summed seconds; and each entry's new index."""
-    by_condition: dict[str, int] = {}
+    same classes) as one entry of their summed seconds; and each entry's new index. A
+    layer's copies share their marks (the cost stage makes them once), so conditions are
+    told apart by the mark arrays themselves, alive in the request."""
+    by_condition: dict[tuple, int] = {}
     merged, entry_of = [], []
     for seconds, members in shared_edges:
-        key = repr([(u, v, np.asarray(paid, bool).tobytes()) for u, v, paid in members])
+        key = tuple((u, v, id(paid)) for u, v, paid in members)
         if key in by_condition:
             merged[by_condition[key]][0] += seconds
         else:
@@ -267,6 +269,14 @@ def strategy_features(request: Request) -> list[np.ndarray]:
         else:
             add(u, m)
             add(v, m.T)
+    marks_seen: set = set()
+
+    def add_marks(u, v, paid):
+        # paid once if marked: a positive price per mark compares strategies as the marks
+        # do, whatever the price, so each mark array is one feature (layers share them)
+        if (u, v, id(paid)) not in marks_seen:
+            marks_seen.add((u, v, id(paid)))
+            add_pair(u, v, np.asarray(paid, float))
     for u, v, m in request.edges:
         add_pair(u, v, m)
     for term in request.memory_terms:
@@ -274,9 +284,9 @@ def strategy_features(request: Request) -> list[np.ndarray]:
             add(term.group, np.asarray(term.num_bytes, float)[:, None])
         elif isinstance(term, PairTerm):
             add_pair(*term)
-        else:   # held if its copy is made
+        elif term.num_bytes > 0:   # held if its copy is made
             for u, v, paid in request.shared_edge_costs[term.copy].members:
-                add_pair(u, v, np.asarray(paid, float) * float(term.num_bytes))
+                add_marks(u, v, paid)
     for seconds, members in request.shared_costs:
         by_group: dict[int, np.ndarray] = {}
         for g, s in members:
@@ -284,8 +294,8 @@ def strategy_features(request: Request) -> list[np.ndarray]:
         for g, paid in by_group.items():
             add(g, paid[:, None])
     for seconds, members in request.shared_edge_costs:   # paid if any member is marked
-        for u, v, paid in members:
-            add_pair(u, v, np.asarray(paid, float) * seconds)
+        for u, v, paid in members if seconds > 0 else ():
+            add_marks(u, v, paid)
     for u, v, keys_u, keys_v in request.ties:
         add(u, np.stack([keys_u, -keys_u], axis=1))
         add(v, np.stack([keys_v, -keys_v], axis=1))

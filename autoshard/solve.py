@@ -54,6 +54,13 @@ WARM_MIN_VARIABLES = EXACT_MAX_VARIABLES
 # relaxation's bound: the optimum is most often far closer to the bound than greedy
 # incumbents are, and a fraction of the gap leaves a far smaller problem
 FIRST_SLACK = 0.25
+# Branch and bound over the whole gap proves the incumbent optimal, or finds better; where
+# the relaxation is far from integral (copies several readers share) that may take many
+# times what finding the incumbent took, and it is most often optimal already. The proof
+# gets this share of the time spent so far (at least PROOF_MIN_S); past it the incumbent
+# is kept ("time_limit", with the relaxation's bound).
+PROOF_SHARE = 1.0
+PROOF_MIN_S = 1.0
 # reduced costs hold to HiGHS's dual feasibility tolerance (1e-7 on costs in
 # microseconds); a variable is fixed only past the gap by this much more, relative to the
 # incumbent's seconds (far above that tolerance)
@@ -633,7 +640,8 @@ def cheapest(request: Request, ilp: _Ilp, deadline: float):
     limited by the clock, never returns worse than that. The relaxation's objective bounds
     every choice from below, and its reduced costs rule out most variables before
     branching (``fixed_by_reduced_costs``)."""
-    x, status = ilp.relax_with_reduced_costs(deadline - time.perf_counter())
+    started = time.perf_counter()
+    x, status = ilp.relax_with_reduced_costs(deadline - started)
     if x is None:
         if status == 2:  # infeasible
             raise InfeasibleBudget(peak_memory(request, smallest_memory_choice(request)))
@@ -651,11 +659,11 @@ def cheapest(request: Request, ilp: _Ilp, deadline: float):
             return ilp.choice_of(x), "optimal" if status == 0 else "time_limit", bound
         return (greedy(request), "greedy", bound) if best is None else (best, "time_limit",
                                                                          bound)
-    return fixed_by_reduced_costs(request, ilp, best, bound, deadline)
+    return fixed_by_reduced_costs(request, ilp, best, bound, deadline, started)
 
 
 def fixed_by_reduced_costs(request: Request, ilp: _Ilp, best: np.ndarray, bound: float,
-                           deadline: float):
+                           deadline: float, started: float):
     """Branch and bound on what reduced costs leave: (choice, status, lower bound).
 
     A choice costs at least the relaxation's ``bound`` plus the reduced cost of every
@@ -663,13 +671,17 @@ def fixed_by_reduced_costs(request: Request, ilp: _Ilp, best: np.ndarray, bound:
     reduced cost exceeds ``slack``: holding those at 0 loses none of them, and most
     products of two groups' strategies are such. A small slack first (a fraction of the
     incumbent's gap, a smaller problem): its optimum is the optimum if it is within the
-    slack; else the slack widens to the gap of the best choice found, which is exact."""
+    slack; else the slack widens to the gap of the best choice found, which is exact, and
+    given a share of the time spent since ``started`` (``PROOF_SHARE``): past it, the best
+    choice found is kept, with the relaxation's bound."""
     best_seconds = evaluate(request, best)[0]
     for fraction in (FIRST_SLACK, 1.0):
         slack = (best_seconds - bound) * fraction
         tolerance = REDUCED_COST_TOLERANCE * best_seconds
-        x, status = ilp.branch(deadline - time.perf_counter(),
-                               excluded=ilp.reduced_costs > slack + tolerance)
+        now = time.perf_counter()
+        limit = deadline if fraction < 1.0 else min(
+            deadline, now + max(PROOF_MIN_S, PROOF_SHARE * (now - started)))
+        x, status = ilp.branch(limit - now, excluded=ilp.reduced_costs > slack + tolerance)
         if x is not None and evaluate(request, ilp.choice_of(x))[0] < best_seconds:
             best = ilp.choice_of(x)
             best_seconds = evaluate(request, best)[0]

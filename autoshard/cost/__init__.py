@@ -27,7 +27,6 @@ from autoshard.cost.liveness import POINTER_BYTES
 from autoshard.cost.reshard import (
                                   REDUCTIONS,
                                   Interner,
-                                  gather_steps,
                                   operand_reshard_seconds,
                                   reshard_collectives,
                                   reshard_seconds,
@@ -36,6 +35,6 @@ from autoshard.cost.shared import MAX_SHARED_COPIES, shared_reads
 
 __all__ = [
     "CostGraph", "Interner", "MAX_SHARED_COPIES", "Menu", "POINTER_BYTES", "REDUCTIONS",
-    "TIEBREAK_SECONDS_PER_BYTE", "build_cost_graph", "gather_steps",
+    "TIEBREAK_SECONDS_PER_BYTE", "build_cost_graph",
     "operand_reshard_seconds", "reshard_collectives", "reshard_seconds", "shared_reads",
 ]

@@ -78,13 +78,14 @@ class SharedCopies:
     def shared_copies(self, array: int, srcs: int, dsts: tuple[int, ...], weight: float):
         """For an array written in spec list ``srcs`` and read in the spec lists ``dsts``:
         the copies readers may share, as (seconds, ((reader, paid[src, dst]), ...), the
-        copy's bytes per device), and per reader the masks of its specs some other reader
-        may want too, whose seconds and whose bytes the shared copies take over.
+        copy's bytes per device), and per reader the masks of its specs whose seconds, and
+        whose bytes, the shared copies take over.
 
-        Past ``MAX_SHARED_COPIES`` (sources with distinct prices times wanted specs), each
-        read pays its own seconds, and the copies price bytes alone, one per wanted spec;
-        or, without ``share_held_copies``, each read holds its own copy too (fewer copies
-        to solve for). Cached: layers repeat them."""
+        The specs the most readers may want are shared first, up to ``MAX_SHARED_COPIES``
+        copies (sources with distinct prices times wanted specs); past it, each read of a
+        spec pays its own seconds, and its copies price bytes alone, one per wanted spec;
+        or, without ``share_held_copies``, each such read holds its own copy too (fewer
+        copies to solve for). Cached: layers repeat them."""
         key = (array, srcs, dsts, weight)
         if key in self._shared_copies:
             return self._shared_copies[key]
@@ -96,40 +97,46 @@ class SharedCopies:
                 readers_of.setdefault(spec, []).append(r)
         common = {spec: readers for spec, readers in readers_of.items() if len(readers) > 1}
         shape, dtype = self.arrays.items[array]
-        timed, held_only, over = [], [], False
+        prices = {dst: self.copy_prices(array, src_specs, dst, weight) for dst in common}
+        paid_specs, count = set(), 0
+        for dst in sorted(common, key=lambda d: -len(common[d])):   # stable: first seen first
+            if count + len(prices[dst]) <= MAX_SHARED_COPIES:
+                paid_specs.add(dst)
+                count += len(prices[dst])
+        held_specs = set(common) if self.share_held_copies else paid_specs
+        self.held_per_read = self.held_per_read or held_specs != set(common)
+        copies = []
         for dst, readers in common.items():
-            # the sources a copy costs alike from share one entry: the producer writes one
-            # spec, so at most one of them is paid
-            by_seconds: dict[float, np.ndarray] = {}
-            for src in dict.fromkeys(src_specs):
-                seconds = weight * self.reshard_by_number(array, self.specs.number(src),
-                                                          self.specs.number(dst))
-                if seconds > 0:
-                    from_src = np.array([spec == src for spec in src_specs])
-                    by_seconds[seconds] = by_seconds.get(seconds, False) | from_src
-            over = over or len(timed) + len(by_seconds) > MAX_SHARED_COPIES
-            if over and not self.share_held_copies:
-                break   # each read pays its seconds and holds its copy
+            if dst not in held_specs:
+                continue   # each read pays its seconds and holds its copy
+            by_seconds = prices[dst]
             to_dst = {r: np.array([spec == dst for spec in wanted[r]]) for r in readers}
             held = specs.per_device_bytes(shape, dtype, dst, self.axis_sizes)
-            timed += [(seconds, tuple((r, from_src[:, None] & to_dst[r][None, :])
-                                      for r in readers), held)
-                      for seconds, from_src in by_seconds.items()]
-            if by_seconds and self.share_held_copies:
+            if dst in paid_specs:
+                copies += [(seconds, tuple((r, from_src[:, None] & to_dst[r][None, :])
+                                           for r in readers), held)
+                           for seconds, from_src in by_seconds.items()]
+            elif by_seconds:   # each read pays its seconds; the copy is held once
                 moved = functools.reduce(np.logical_or, by_seconds.values())
-                held_only.append((0.0, tuple((r, moved[:, None] & to_dst[r][None, :])
-                                             for r in readers), held))
-        shared_specs = [np.array([spec in common for spec in specs_r]) for specs_r in wanted]
-        unshared = [np.zeros_like(m) for m in shared_specs]
-        if not over:
-            found = timed, shared_specs, shared_specs
-        elif self.share_held_copies:   # too many to solve for: each read pays its seconds
-            found = held_only, unshared, shared_specs
-        else:
-            self.held_per_read = True
-            found = [], unshared, unshared
+                copies.append((0.0, tuple((r, moved[:, None] & to_dst[r][None, :])
+                                          for r in readers), held))
+        found = (copies, [np.array([spec in paid_specs for spec in specs_r]) for specs_r in wanted],
+                 [np.array([spec in held_specs for spec in specs_r]) for specs_r in wanted])
         self._shared_copies[key] = found
         return found
+
+    def copy_prices(self, array: int, src_specs: tuple, dst, weight: float) -> dict:
+        """Per price of a copy into ``dst`` (times ``weight``), the sources it costs that
+        from: those share one entry, since the producer writes one spec and at most one
+        of them is paid."""
+        by_seconds: dict[float, np.ndarray] = {}
+        for src in dict.fromkeys(src_specs):
+            seconds = weight * self.reshard_by_number(array, self.specs.number(src),
+                                                      self.specs.number(dst))
+            if seconds > 0:
+                from_src = np.array([spec == src for spec in src_specs])
+                by_seconds[seconds] = by_seconds.get(seconds, False) | from_src
+        return by_seconds
 
     def build_shared_costs(self) -> tuple[SharedCost, ...]:
         """One latency per combined collective: per computation (per loop body, once per

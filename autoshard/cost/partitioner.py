@@ -1,0 +1,640 @@
+"""XLA's SPMD partitioner's reshard, followed on tile assignments.
+
+When an array must change from one sharding to another, XLA's partitioner
+(``PartitionedHlo::ReshardNoCache`` in ``spmd_partitioner.cc``) tries a fixed list of
+ways, in order, and takes the first that applies:
+
+1. the same tiles on other devices: one collective-permute;
+2. dims that trade shard counts: all-to-alls (``GetReshardAllToAllSourceTargetDims``),
+   then a collective-permute where the devices end in another order;
+3. from a partly replicated sharding: a local slice where every device already holds
+   its new tile (then a permute), or an all-to-all on the replicated copies;
+4. to a partly replicated sharding: all-gathers within groups (after a permute);
+5. the "complex" cases: split or merge a dim's shards, or replicate one dim first;
+6. dims split alike in both: the rest resharded within each group of devices;
+7. otherwise the whole array is gathered and sliced ("involuntary full
+   rematerialization").
+
+Which way applies depends on the order of the devices in each tile assignment, not only
+on the shard counts: ``P("data", "model")`` and ``P("model", "data")`` on a 2x4 mesh
+split the same dims 2 and 4 ways on different devices. :func:`reshard_steps` follows
+that list on the devices' ids and returns the collectives it emits, each with the
+device groups it runs over, so the cost stage can price the collectives the compiled
+program will hold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from autoshard import specs
+from autoshard.specs import Spec
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Tiling:
+    """An HLO sharding: ``devices`` holds a device id per tile, one array dim per data
+    dim, plus a last dim of replicas where ``partial`` (``last_tile_dim_replicate``)."""
+
+    devices: np.ndarray
+    partial: bool
+
+    @property
+    def rank(self) -> int:
+        return self.devices.ndim - self.partial
+
+    def dim(self, d: int) -> int:
+        return self.devices.shape[d]
+
+    @property
+    def tile_dims(self) -> tuple[int, ...]:
+        return self.devices.shape[:self.rank]
+
+    @property
+    def num_tiles(self) -> int:
+        return math.prod(self.tile_dims)
+
+    @property
+    def replicated(self) -> bool:
+        return self.num_tiles == 1
+
+    def same(self, other: Tiling) -> bool:
+        if self.replicated and other.replicated:
+            return True
+        return (self.partial == other.partial and self.devices.shape == other.devices.shape
+                and bool(np.array_equal(self.devices, other.devices)))
+
+    def __repr__(self) -> str:
+        return f"Tiling({self.devices.tolist()}{', partial' if self.partial else ''})"
+
+
+def tiling(spec: Spec, axis_sizes: Mapping[str, int]) -> Tiling:
+    """The tile assignment JAX gives ``spec`` on a mesh of ``axis_sizes`` (in mesh order,
+    devices numbered row-major): each dim's axes in order, the unused axes replicated."""
+    names = list(axis_sizes)
+    mesh = np.arange(math.prod(axis_sizes.values())).reshape([axis_sizes[a] for a in names])
+    used = [a for axes in spec for a in axes]
+    unused = [a for a in names if a not in used]
+    order = [names.index(a) for a in used + unused]
+    counts = [specs.dim_shards(axes, axis_sizes) for axes in spec]
+    replicas = math.prod(axis_sizes[a] for a in unused)
+    devices = mesh.transpose(order).reshape(counts + ([replicas] if replicas > 1 else []))
+    return _normal(Tiling(devices, replicas > 1))
+
+
+def _normal(t: Tiling) -> Tiling:
+    """A partial tiling with one replica is a plain one."""
+    if t.partial and t.devices.shape[-1] == 1:
+        return Tiling(t.devices.reshape(t.devices.shape[:-1]), False)
+    return t
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One collective of a reshard: its kind, its device groups (each a tuple of device
+    ids), and the bytes per device as ``hardware`` counts them for the kind."""
+
+    kind: str
+    groups: tuple[tuple[int, ...], ...]
+    num_bytes: float
+    gathered_dim: int | None = None      # an all-gather's dim
+    local_shape: tuple[int, ...] = ()    # an all-gather's input shard
+
+
+class _Failed(Exception):
+    """A way that cannot reach the target (allow_full_replication=false)."""
+
+
+class _Partitioner:
+    def __init__(self, shape: Sequence[int], itemsize: float):
+        self.shape = tuple(shape)
+        self.itemsize = itemsize
+        self.steps: list[Step] = []
+
+    # -- sizes ---------------------------------------------------------------------------
+    def shard_bytes(self, t: Tiling, shape=None) -> float:
+        shape = self.shape if shape is None else shape
+        return math.prod(math.ceil(n / c) for n, c in zip(shape, t.tile_dims)) * self.itemsize
+
+    # -- the collectives -----------------------------------------------------------------
+    def permute(self, src: Tiling, dst: Tiling, shape):
+        pairs = {(int(s), int(d)) for s, d in zip(src.devices.ravel(), dst.devices.ravel())
+                 if s != d}
+        if pairs:
+            self.steps.append(Step("collective-permute", tuple(sorted(pairs)),
+                                   self.shard_bytes(src, shape)))
+        return dst
+
+    def all_to_all(self, t: Tiling, groups, shape):
+        self.steps.append(Step("all-to-all", groups, self.shard_bytes(t, shape)))
+
+    def gather(self, t: Tiling, dims: Sequence[int], shape, factors=None) -> None:
+        """``ReplicatePartial``: all-gathers taking ``dims`` off ``t``, the last dim first,
+        each within the devices that differ only along it; with ``factors``, dim d only
+        ``factors[d]``-fold (neighbouring tiles joined: a partly replicated target)."""
+        current = list(t.tile_dims)
+        for d in sorted(dims, reverse=True):
+            f = t.dim(d) if factors is None else factors[d]
+            if f == 1:
+                continue
+            local = tuple(math.ceil(n / c) for n, c in zip(shape, current))
+            split = list(t.devices.shape)
+            split[d:d + 1] = [t.dim(d) // f, f]
+            moved = np.moveaxis(t.devices.reshape(split), d + 1, -1)
+            groups = tuple(tuple(int(x) for x in row) for row in moved.reshape(-1, f))
+            current[d] //= f
+            out = math.prod(math.ceil(n / c) for n, c in zip(shape, current)) * self.itemsize
+            self.steps.append(Step("all-gather", _unique_groups(groups), out, d, local))
+
+    # -- ReshardNoCache ------------------------------------------------------------------
+    def reshard(self, src: Tiling, dst: Tiling, shape, full: bool = True) -> Tiling:
+        if src.same(dst):
+            return dst
+        if _can_permute(src, dst):
+            return self.permute(src, dst, shape)
+        pairs = all_to_all_dims(src, dst)
+        if pairs is not None:
+            return self.with_all_to_all(src, dst, pairs, shape)
+        if not dst.replicated and src.partial:
+            for way in (self.from_partial_by_slice, self.partial_all_to_all):
+                got = self.attempt(way, src, dst, shape)
+                if got is not None:
+                    return got
+        if not src.replicated and dst.partial:
+            for way in (self.to_partial_by_gather, self.partial_all_to_all):
+                got = self.attempt(way, src, dst, shape)
+                if got is not None:
+                    return got
+        if not src.replicated:
+            if not dst.replicated:
+                got = self.attempt(self.complex_reshard, src, dst, shape)
+                if got is not None:
+                    return got
+                got = self.attempt(self.grouped_reshard, src, dst, shape)
+                if got is not None:
+                    return got
+                if not full:
+                    raise _Failed
+            self.gather(src, range(src.rank), shape)
+        return dst                                           # a local slice
+
+    def attempt(self, way, *args):
+        """``way(*args)``, or None (and no steps recorded) where it does not apply."""
+        mark = len(self.steps)
+        try:
+            got = way(*args)
+        except _Failed:
+            got = None
+        if got is None:
+            del self.steps[mark:]
+        return got
+
+    # -- all-to-all ----------------------------------------------------------------------
+    def with_all_to_all(self, src: Tiling, dst: Tiling, pairs, shape, multiple=True):
+        if src.same(dst):
+            return dst
+        if not pairs:
+            if not _can_permute(src, dst):
+                raise _Failed
+            return self.permute(src, dst, shape)
+        if multiple:
+            eligible, rest, seen = [], [], set()
+            for s, t in sorted(pairs, key=lambda p: p[1]):
+                if (s not in seen and t not in seen and shape[s] % src.dim(s) == 0
+                        and shape[t] % dst.dim(t) == 0):
+                    eligible.append((s, t))
+                    seen |= {s, t}
+                else:
+                    rest.append((s, t))
+            if len(eligible) >= 2:
+                sizes = [src.dim(s) // src.dim(t) for s, t in eligible]
+                temp = all_to_all_tiling(src, [s for s, _ in eligible],
+                                         [t for _, t in eligible])
+                self.all_to_all(src, _a2a_groups(temp, {t: g for (_, t), g in
+                                                        zip(eligible, sizes)}), shape)
+                return self.with_all_to_all(temp, dst, rest, shape, multiple=False)
+        s, t = pairs[0]
+        group = src.dim(s) // src.dim(t)
+        temp = all_to_all_tiling(src, [s], [t])
+        self.all_to_all(src, _a2a_groups(temp, {t: group}), shape)
+        return self.with_all_to_all(temp, dst, pairs[1:], shape, multiple=False)
+
+    # -- partial replication -------------------------------------------------------------
+    def from_partial_by_slice(self, src: Tiling, dst: Tiling, shape):
+        temp = compatible_partial(src, dst)
+        if temp is None:
+            return None
+        if _can_permute(temp, dst):
+            return self.permute(temp, dst, shape)
+        return dst
+
+    def to_partial_by_gather(self, src: Tiling, dst: Tiling, shape):
+        temp = compatible_partial(dst, src)
+        if temp is None:
+            return None
+        if _can_permute(src, temp):
+            self.permute(src, temp, shape)
+        factors = {d: temp.dim(d) // dst.dim(d) for d in range(dst.rank)}
+        self.gather(temp, [d for d, f in factors.items() if f > 1], shape, factors)
+        return dst
+
+    def partial_all_to_all(self, src: Tiling, dst: Tiling, shape):
+        partial, tile = (src, dst) if src.partial else (dst, src)
+        if not partial.partial or tile.partial or tile.replicated:
+            return None
+        replicas = partial.devices.shape[-1]
+        if tile.devices.ndim + 1 != partial.devices.ndim or partial.dim(0) != 1:
+            return None
+        to_replicate = -1
+        for i in reversed(range(tile.devices.ndim)):
+            if tile.dim(i) > 1 and to_replicate == -1:
+                if tile.dim(i) != replicas:
+                    return None
+                to_replicate = i
+            if tile.dim(i) != partial.dim(i + 1):
+                return None
+        if to_replicate == -1:
+            return None
+        if not np.array_equal(partial.devices.reshape(tile.devices.shape), tile.devices):
+            return None
+        dims = list(tile.devices.shape)
+        dims[to_replicate] = 1
+        temp = Tiling(tile.devices.reshape(dims + [replicas]), True)
+        if src.partial:
+            pairs = all_to_all_dims(src, temp)
+            if pairs is None:
+                return None
+            got = self.with_all_to_all(src, temp, pairs, shape)
+            return self.reshard(got, dst, shape)
+        got = self.reshard(src, temp, shape)
+        pairs = all_to_all_dims(got, dst)
+        if pairs is None:
+            return None
+        return self.with_all_to_all(got, dst, pairs, shape)
+
+    # -- the complex cases ---------------------------------------------------------------
+    def complex_reshard(self, src: Tiling, dst: Tiling, shape):
+        matched = merge_or_split(shape, src, dst)
+        if matched is not None:
+            before, after, i = matched
+            got = self.reshard(before, after, _split_shape(shape, i, src, before), full=False)
+            merged = merge_dim(got, i)
+            if not merged.same(dst):
+                self.reshard(merged, dst, shape, full=False)
+            return dst
+        middle = partially_replicate_dim(src, dst)
+        if middle is not None:
+            got = self.reshard(src, middle, shape)
+            self.reshard(got, dst, shape, full=False)
+            return dst
+        if src.partial and not dst.partial:
+            replicas = src.devices.shape[-1]
+            first = next((i for i in range(dst.devices.ndim)
+                          if dst.dim(i) != src.dim(i) and src.dim(i) == 1
+                          and dst.dim(i) % replicas == 0), -1)
+            if first == -1:
+                return None
+            perm = list(range(src.devices.ndim))
+            perm[first], perm[-1] = perm[-1], perm[first]
+            middle = _normal(Tiling(src.devices.transpose(perm), True))
+            got = self.reshard(src, middle, shape)
+            self.reshard(got, dst, shape, full=False)
+            return dst
+        return None
+
+    # -- dims split alike ----------------------------------------------------------------
+    def grouped_reshard(self, src: Tiling, dst: Tiling, shape):
+        equal = [d for d in range(src.rank) if src.dim(d) > 1 and dst.dim(d) == src.dim(d)]
+        if not equal:
+            return None
+        src_groups, src_inner = group_on_dims(src, equal)
+        dst_groups, dst_inner = group_on_dims(dst, equal)
+        # AlignGroupsWith: where the groups hold other devices, the target's inner layout
+        # is read by position on the source's groups
+        if any(set(a) != set(b) for a, b in zip(src_groups, dst_groups)):
+            relabel = {d: s for a, b in zip(src_groups, dst_groups) for s, d in zip(a, b)}
+            dst_inner = Tiling(np.vectorize(lambda x: relabel[int(x)])(dst_inner.devices),
+                               dst_inner.partial)
+        inner_shape = tuple(n // src.dim(d) if d in equal else n for d, n in enumerate(shape))
+        mark = len(self.steps)
+        self.reshard(src_inner, dst_inner, inner_shape)
+        # each group runs the same collectives on its own devices
+        for k in range(mark, len(self.steps)):
+            self.steps[k] = _in_every_group(self.steps[k], src_groups)
+        ungrouped = ungroup(dst_inner, src_groups, src, equal)
+        return self.reshard(ungrouped, dst, shape)
+
+
+def _split_shape(shape, i, src: Tiling, before: Tiling):
+    """The array's shape as ``SplitReshapeHelper`` cuts dim ``i``: [before's count on i,
+    the rest], so that ``before`` tiles it."""
+    local = shape[i] // src.dim(i)
+    return tuple(shape[:i]) + (before.dim(i), local * before.dim(i + 1)) + tuple(shape[i + 1:])
+
+
+def _unique_groups(groups):
+    seen, out = set(), []
+    for g in groups:
+        key = tuple(sorted(g))
+        if key not in seen:
+            seen.add(key)
+            out.append(g)
+    return tuple(out)
+
+
+def _in_every_group(step: Step, groups) -> Step:
+    """A step found for the first group's devices, run by every group: each of its device
+    groups mapped onto the devices at the same positions in every group."""
+    first = {d: k for k, d in enumerate(groups[0])}
+    out = []
+    for members in groups:
+        for g in step.groups:
+            out.append(tuple(members[first[d]] if d in first else d for d in g))
+    return dataclasses.replace(step, groups=tuple(out))
+
+
+def _can_permute(src: Tiling, dst: Tiling) -> bool:
+    return (not src.replicated and not dst.replicated
+            and src.devices.shape == dst.devices.shape and src.partial == dst.partial
+            and not np.array_equal(src.devices, dst.devices))
+
+
+def all_to_all_dims(src: Tiling, dst: Tiling) -> list[tuple[int, int]] | None:
+    """``GetReshardAllToAllSourceTargetDims``: the (source dim, target dim) pairs whose
+    shard counts the reshard swaps, one all-to-all each; None where counts do not pair."""
+    if (src.replicated or dst.replicated or src.devices.ndim != dst.devices.ndim
+            or src.num_tiles != dst.num_tiles):
+        return None
+    src_at: dict[int, list[int]] = {}
+    dst_at: dict[int, list[int]] = {}
+    for i in range(src.devices.ndim):
+        if src.dim(i) == dst.dim(i):
+            continue
+        src_at.setdefault(src.dim(i), []).append(i)
+        dst_at.setdefault(dst.dim(i), []).append(i)
+    if not src_at or len(src_at) != len(dst_at):
+        return None
+    for size, dims in src_at.items():
+        if len(dst_at.get(size, ())) != len(dims):
+            return None
+
+    def remove(size, dim, at):
+        at[size] = [a for a in at[size] if a != dim]
+        if not at[size]:
+            del at[size]
+    result = []
+    while src_at:
+        size = min(src_at)
+        i = src_at[size][-1]
+        target_size = dst.dim(i)
+        if target_size == size:
+            remove(size, i, src_at)
+            remove(size, i, dst_at)
+            continue
+        candidates = src_at.get(target_size)
+        if not candidates:
+            return None
+        k = 0
+        j = candidates[0]
+        if size == 1:
+            while dst.dim(j) == 1 and k + 1 < len(candidates):
+                k += 1
+                j = candidates[k]
+        elif target_size % size == 0:
+            while dst.dim(j) != size and k + 1 < len(candidates):
+                k += 1
+                j = candidates[k]
+        else:
+            return None
+        result.append((j, i))
+        remove(target_size, i, dst_at)
+        src_at[size][-1] = j
+        remove(target_size, j, src_at)
+    return result
+
+
+def all_to_all_tiling(t: Tiling, sources, targets) -> Tiling:
+    """``GetAllToAllSharding``: ``t`` after all-to-alls moving each source dim's count to
+    its target dim."""
+    devices = t.devices
+    for s, g in zip(sources, targets):
+        if devices.shape[s] % devices.shape[g]:
+            raise _Failed
+        dims, added_s, added_g = [], None, None
+        for i, n in enumerate(devices.shape):
+            if i == s:
+                dims += [devices.shape[g], n // devices.shape[g]]
+                added_s = len(dims) - 1
+            elif i == g:
+                dims += [n, 1]
+                added_g = len(dims) - 1
+            else:
+                dims.append(n)
+        perm = list(range(len(dims)))
+        perm[added_s], perm[added_g] = perm[added_g], perm[added_s]
+        out = list(devices.shape)
+        out[s], out[g] = out[g], out[s]
+        devices = devices.reshape(dims).transpose(perm).reshape(out)
+    return Tiling(devices, t.partial)
+
+
+def _a2a_groups(temp: Tiling, group_size_at: Mapping[int, int]):
+    """The all-to-all's device groups, in ``temp``'s order."""
+    groups: dict[int, list[int]] = {}
+    for index in np.ndindex(temp.devices.shape):
+        gid = 0
+        for d, k in enumerate(index):
+            if d in group_size_at:
+                gid = gid * (temp.dim(d) // group_size_at[d]) + k // group_size_at[d]
+            else:
+                gid = gid * temp.dim(d) + k
+        groups.setdefault(gid, []).append(int(temp.devices[index]))
+    return tuple(tuple(g) for _, g in sorted(groups.items()))
+
+
+def compatible_partial(partial: Tiling, target: Tiling) -> Tiling | None:
+    """``PartialReplicateReshardCompatibleSharding``: a tiling with ``target``'s counts
+    that ``partial``'s replicas reach by slicing their copies; None if none."""
+    if not partial.partial or partial.devices.size != target.devices.size:
+        return None
+    rank = partial.rank
+    if rank != target.rank:
+        return None
+    expand_at, expand = [-1] * rank, []
+    for d in range(rank):
+        if target.dim(d) % partial.dim(d):
+            return None
+        if target.dim(d) > partial.dim(d):
+            expand_at[d] = len(expand)
+            expand.append(target.dim(d) // partial.dim(d))
+    if _is_subtiling(target, partial):
+        return target
+    dims = list(partial.tile_dims) + expand
+    perm = []
+    for d in range(rank):
+        perm.append(d)
+        if expand_at[d] > -1:
+            perm.append(expand_at[d] + rank)
+    if target.partial:
+        dims.append(target.devices.shape[-1])
+        perm.append(len(dims) - 1)
+    if math.prod(dims) != partial.devices.size:
+        return None
+    devices = partial.devices.reshape(dims).transpose(perm).reshape(target.devices.shape)
+    return Tiling(devices, target.partial)
+
+
+def _tile_of(t: Tiling) -> dict[int, tuple[int, ...]]:
+    return {int(t.devices[i]): i[:t.rank] for i in np.ndindex(t.devices.shape)}
+
+
+def _is_subtiling(sub: Tiling, t: Tiling) -> bool:
+    """Whether each device's tile of ``sub`` lies inside its tile of ``t`` (on a shape of
+    ``sub``'s counts)."""
+    tiles = _tile_of(t)
+    for device, index in _tile_of(sub).items():
+        outer = tiles[device]
+        for d, k in enumerate(index):
+            per = sub.dim(d) // t.dim(d)
+            if k // per != outer[d]:
+                return False
+    return True
+
+
+def merge_or_split(shape, src: Tiling, dst: Tiling):
+    """``PatternMatchMergeOrSplitSharding``: a dim i whose shards split as
+    [..X..Y..] -> [..X*Y..1..] (or the reverse, or X*Y,Z -> X,Y*Z): (the source with dim
+    i split, the target laid out like it, i); None where no pair of dims matches."""
+    if src.rank != dst.rank or src.partial != dst.partial or (
+            src.partial and src.devices.shape[-1] != dst.devices.shape[-1]):
+        return None
+    diff = [i for i in range(dst.rank) if src.dim(i) != dst.dim(i)]
+    for a in range(len(diff)):
+        for b in range(a + 1, len(diff)):
+            i, j = diff[a], diff[b]
+            ones = [src.dim(i) == 1, src.dim(j) == 1, dst.dim(i) == 1, dst.dim(j) == 1]
+            if sum(ones) == 1:
+                if src.dim(i) * src.dim(j) != dst.dim(i) * dst.dim(j):
+                    continue
+                if src.dim(i) == 1 or dst.dim(i) == 1:
+                    i, j = j, i
+                if dst.dim(j) == 1:
+                    local = shape[i] // src.dim(i)
+                    if local % src.dim(j):
+                        continue
+                    new = src.dim(i)
+                else:
+                    if shape[i] % src.dim(i):
+                        continue
+                    new = dst.dim(i)
+            elif sum(ones) == 0:
+                if src.dim(i) < dst.dim(i):
+                    i, j = j, i
+                if src.dim(i) != dst.dim(i) * dst.dim(j) or shape[i] % src.dim(i):
+                    continue
+                new = dst.dim(i)
+            else:
+                continue
+            before = split_dim(src, i, new)
+            dims = list(before.devices.shape)
+            jj = j + (1 if j > i else 0)
+            dims[i + 1], dims[jj] = dims[jj], dims[i + 1]
+            after = Tiling(dst.devices.reshape(dims), src.partial)
+            return before, after, i
+    return None
+
+
+def split_dim(t: Tiling, i: int, size: int) -> Tiling:
+    """``SplitShardingDimension``: dim i's count n as [size, n / size]."""
+    dims = list(t.devices.shape)
+    dims[i:i + 1] = [size, dims[i] // size]
+    return Tiling(t.devices.reshape(dims), t.partial)
+
+
+def merge_dim(t: Tiling, i: int) -> Tiling:
+    """``MergeShardingDimension``: dims i and i + 1 as one."""
+    dims = list(t.devices.shape)
+    dims[i:i + 2] = [dims[i] * dims[i + 1]]
+    return Tiling(t.devices.reshape(dims), t.partial)
+
+
+def partially_replicate_dim(src: Tiling, dst: Tiling) -> Tiling | None:
+    """``PatternMatchPartiallyReplicateDim``: for [..X..Z..Y..] -> [..Y..Z..X] partial,
+    ``src`` with the dim X replicated first."""
+    if not dst.partial:
+        return None
+    replicas = src.devices.shape[-1] if src.partial else 1
+    for i in range(src.rank):
+        if src.dim(i) == 1 or src.dim(i) * replicas != dst.devices.shape[-1]:
+            continue
+        return replicate_dims(src, [i])
+    return None
+
+
+def replicate_dims(t: Tiling, dims) -> Tiling:
+    """``PartiallyReplicateTiledShardingOnDims``: ``t`` with ``dims`` replicated."""
+    perm = [d for d in range(t.rank) if d not in dims] + list(dims) + (
+        [t.rank] if t.partial else [])
+    moved = t.devices.transpose(perm)
+    keep = [t.dim(d) for d in range(t.rank) if d not in dims]
+    replicas = t.devices.size // max(1, math.prod(keep))
+    flat = moved.reshape(keep + [replicas])
+    out_dims = [1 if d in dims else t.dim(d) for d in range(t.rank)]
+    return _normal(Tiling(flat.reshape(out_dims + [replicas]), True))
+
+
+def group_on_dims(t: Tiling, dims):
+    """``GroupShardingOnDims``: the device groups sharing an index on ``dims`` (in index
+    order) and the first group's tiling, those dims of count 1 (global device ids)."""
+    others = [d for d in range(t.devices.ndim) if d not in dims]
+    moved = t.devices.transpose(list(dims) + others)
+    lead = math.prod(t.dim(d) for d in dims)
+    flat = moved.reshape([lead] + [t.dim(d) for d in others])
+    groups = [tuple(int(x) for x in flat[g].ravel()) for g in range(lead)]
+    inner_dims = [1 if d in dims else t.dim(d) for d in range(t.devices.ndim)]
+    return groups, Tiling(flat[0].reshape(inner_dims), t.partial)
+
+
+def ungroup(inner: Tiling, groups, like: Tiling, dims) -> Tiling:
+    """``UngroupSharding``: the grouped dims put back at ``like``'s counts, each group
+    holding ``inner``'s layout on its own devices (position for position with the first
+    group)."""
+    first = {d: k for k, d in enumerate(groups[0])}
+    shape = [like.dim(d) if d in dims else n for d, n in enumerate(inner.devices.shape)]
+    out = np.empty(shape, dtype=inner.devices.dtype)
+    lead = [like.dim(d) for d in dims]
+    for index in np.ndindex(*shape):
+        g = int(np.ravel_multi_index([index[d] for d in dims], lead))
+        at = tuple(0 if d in dims else k for d, k in enumerate(index))
+        out[index] = groups[g][first[int(inner.devices[at])]]
+    return Tiling(out, inner.partial)
+
+
+def reshard_steps(shape: Sequence[int], itemsize: float, src: Spec, dst: Spec,
+                  axis_sizes: Mapping[str, int]) -> tuple[Step, ...]:
+    """The collectives XLA's partitioner emits to take an array of ``shape`` from
+    ``src`` to ``dst`` on a mesh of ``axis_sizes``."""
+    p = _Partitioner(shape, itemsize)
+    p.reshard(tiling(src, axis_sizes), tiling(dst, axis_sizes), tuple(shape))
+    return tuple(p.steps)
+
+
+def group_axes(groups, axis_sizes: Mapping[str, int]) -> tuple[str, ...]:
+    """The mesh axes along which the devices of any one group differ."""
+    names, coords = _coordinates(tuple(axis_sizes.items()))
+    c = coords[np.asarray(groups)]                     # [group, member, axis]
+    varies = (c != c[:, :1]).any(axis=(0, 1))
+    return tuple(a for a, v in zip(names, varies) if v)
+
+
+@functools.lru_cache(maxsize=64)
+def _coordinates(axes: tuple[tuple[str, int], ...]) -> tuple[tuple[str, ...], np.ndarray]:
+    """The mesh axis names, and each device's coordinate along each (row-major ids)."""
+    names = tuple(a for a, _ in axes)
+    sizes = [n for _, n in axes]
+    return names, np.array(np.unravel_index(np.arange(math.prod(sizes)), sizes)).T
