@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 from jax.sharding import NamedSharding
 
 import autoshard
@@ -128,3 +129,35 @@ def test_group_axes_name_the_axes_a_group_spans():
     assert partitioner.group_axes(((1, 5),), SIZES) == ("data",)
     assert partitioner.group_axes(((4, 5, 6, 7), (0, 1, 2, 3)), SIZES) == ("model",)
     assert partitioner.group_axes((tuple(np.arange(8)),), SIZES) == ("data", "model")
+
+
+@st.composite
+def reshards(draw):
+    """A mesh of 1 to 3 axes (sizes 1 to 4, 3 included: counts that divide unevenly),
+    an array of rank 1 to 4 with dims that may not divide, and two specs of it."""
+    names = ("a", "b", "c")[:draw(st.integers(1, 3))]
+    sizes = {a: draw(st.integers(1, 4)) for a in names}
+    shape = tuple(draw(st.lists(st.sampled_from([1, 2, 3, 4, 6, 8, 12]), min_size=1,
+                                max_size=4)))
+
+    def spec():
+        dim_of = {a: draw(st.integers(0, len(shape))) for a in names}
+        order = draw(st.permutations(names))
+        return tuple(tuple(a for a in order if dim_of[a] == d) for d in range(len(shape)))
+    return shape, spec(), spec(), sizes
+
+
+@settings(max_examples=300, deadline=None)
+@given(reshards())
+def test_every_reshard_is_some_collectives_over_the_mesh(case):
+    # any two specs on any mesh: no exception, and each collective runs over devices of
+    # the mesh in groups of one size, moving a positive number of bytes
+    shape, src, dst, sizes = case
+    found = partitioner.reshard_steps(shape, 4, src, dst, sizes)
+    devices = int(np.prod(list(sizes.values())))
+    for step in found:
+        assert step.kind in ("all-gather", "all-to-all", "collective-permute")
+        assert step.num_bytes > 0 and len({len(g) for g in step.groups}) == 1
+        assert all(0 <= d < devices for g in step.groups for d in g)
+    if src == dst:
+        assert found == ()

@@ -320,7 +320,8 @@ class _Partitioner:
             relabel = {d: s for a, b in zip(src_groups, dst_groups) for s, d in zip(a, b)}
             dst_inner = Tiling(np.vectorize(lambda x: relabel[int(x)])(dst_inner.devices),
                                dst_inner.partial)
-        inner_shape = tuple(n // src.dim(d) if d in equal else n for d, n in enumerate(shape))
+        inner_shape = tuple(math.ceil(n / src.dim(d)) if d in equal else n
+                            for d, n in enumerate(shape))
         mark = len(self.steps)
         self.reshard(src_inner, dst_inner, inner_shape)
         # each group runs the same collectives on its own devices
@@ -333,7 +334,7 @@ class _Partitioner:
 def _split_shape(shape, i, src: Tiling, before: Tiling):
     """The array's shape as ``SplitReshapeHelper`` cuts dim ``i``: [before's count on i,
     the rest], so that ``before`` tiles it."""
-    local = shape[i] // src.dim(i)
+    local = math.ceil(shape[i] / src.dim(i))     # padded where the dim divides unevenly
     return tuple(shape[:i]) + (before.dim(i), local * before.dim(i + 1)) + tuple(shape[i + 1:])
 
 
@@ -620,7 +621,13 @@ def reshard_steps(shape: Sequence[int], itemsize: float, src: Spec, dst: Spec,
     """The collectives XLA's partitioner emits to take an array of ``shape`` from
     ``src`` to ``dst`` on a mesh of ``axis_sizes``."""
     p = _Partitioner(shape, itemsize)
-    p.reshard(tiling(src, axis_sizes), tiling(dst, axis_sizes), tuple(shape))
+    source = tiling(src, axis_sizes)
+    try:
+        p.reshard(source, tiling(dst, axis_sizes), tuple(shape))
+    except _Failed:    # shard counts no way divides evenly: XLA's last resort
+        p.steps.clear()
+        if not source.replicated:
+            p.gather(source, range(source.rank), tuple(shape))
     return tuple(p.steps)
 
 
