@@ -84,18 +84,21 @@ def spec_str(spec: Spec) -> str:
     return "P(" + ", ".join(parts) + ")"
 
 
-def enumerate_specs(shape: Sequence[int], axis_sizes: Mapping[str, int]) -> Iterator[Spec]:
+def enumerate_specs(shape: Sequence[int], axis_sizes: Mapping[str, int],
+                    every_order: bool = False) -> Iterator[Spec]:
     """Every valid spec of an array: each mesh axis on one dim or on none.
 
-    Axes that share a dim are ordered as in the mesh, so each split appears once.
+    Axes that share a dim are ordered as in the mesh, so each split appears once; with
+    ``every_order``, in every order (the same split, its tiles on other devices).
     """
     names = [a for a, n in axis_sizes.items() if n > 1]
     rank = len(shape)
-    for choice in itertools.product(range(-1, rank), repeat=len(names)):
-        spec = [[] for _ in range(rank)]
-        for name, dim in zip(names, choice):
-            if dim >= 0:
-                spec[dim].append(name)
-        spec = tuple(tuple(axes) for axes in spec)
-        if is_valid(shape, spec, axis_sizes):
-            yield spec
+    orders = itertools.permutations(names) if every_order else [names]
+    seen = set()
+    for order in orders:
+        for choice in itertools.product(range(-1, rank), repeat=len(names)):
+            dim_of = dict(zip(names, choice))
+            spec = tuple(tuple(a for a in order if dim_of[a] == d) for d in range(rank))
+            if spec not in seen and is_valid(shape, spec, axis_sizes):
+                seen.add(spec)
+                yield spec

@@ -36,16 +36,6 @@ from autoshard.hlo_report import hlo_report  # noqa: E402
 AXIS_NAMES = ("x", "y", "z")
 
 
-def every_spec(rank: int, names) -> list:
-    """Each mesh axis on one dim or none, in every order on a dim."""
-    found = set()
-    for dims in itertools.product(range(rank + 1), repeat=len(names)):
-        for order in itertools.permutations(names):
-            found.add(tuple(tuple(a for a in order if dims[names.index(a)] == d)
-                            for d in range(rank)))
-    return sorted(found)
-
-
 def collectives(found) -> collections.Counter:
     return collections.Counter((kind, tuple(sorted(axes)), int(num_bytes))
                                for kind, axes, num_bytes in found)
@@ -74,7 +64,8 @@ def run(mesh_name: str, rank: int, sample: int, show: int) -> None:
     hw, sizes = cli.cpu_hardware(mesh), dict(zip(names, shape_of_mesh))
     devices = math.prod(shape_of_mesh)
     shape = tuple(devices * 2 ** k for k in range(rank))
-    pairs = list(itertools.permutations(every_spec(rank, names), 2))
+    pairs = list(itertools.permutations(specs.enumerate_specs(shape, sizes, every_order=True),
+                                        2))
     if len(pairs) > sample:
         random.Random(0).shuffle(pairs)
         pairs = pairs[:sample]

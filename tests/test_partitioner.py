@@ -88,24 +88,13 @@ def predicted(shape, src, dst, sizes):
                                for kind, axes, num_bytes in steps(shape, src, dst, sizes))
 
 
-def every_spec(rank: int, names) -> list:
-    """Every spec of a rank-``rank`` array on mesh axes ``names``: each axis on one dim
-    or none, in every order on a dim."""
-    found = set()
-    for dims in itertools.product(range(rank + 1), repeat=len(names)):
-        for order in itertools.permutations(names):
-            found.add(tuple(tuple(a for a in order if dims[names.index(a)] == d)
-                            for d in range(rank)))
-    return sorted(found)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("mesh_shape", [(2, 4), (4, 2)])
 def test_every_reshard_of_a_3d_array_is_what_xla_compiles(mesh_shape):
     mesh = autoshard.make_mesh(mesh_shape, ("data", "model"))
     sizes = dict(zip(("data", "model"), mesh_shape))
     shape = (8, 16, 32)
-    options = every_spec(3, ("data", "model"))
+    options = list(specs.enumerate_specs(shape, sizes, every_order=True))
     apart = [(src, dst) for src, dst in itertools.permutations(options, 2)
              if predicted(shape, src, dst, sizes) != compiled(mesh, shape, src, dst)]
     assert len(options) == 19 and apart == []
@@ -117,7 +106,8 @@ def test_reshards_on_a_three_axis_mesh_are_what_xla_compiles():
     names = ("x", "y", "z")
     mesh = autoshard.make_mesh((2, 2, 2), names)
     sizes = dict.fromkeys(names, 2)
-    pairs = list(itertools.permutations(every_spec(2, names), 2))
+    pairs = list(itertools.permutations(specs.enumerate_specs((8, 16), sizes, every_order=True),
+                                        2))
     random.Random(0).shuffle(pairs)
     apart = [(src, dst) for src, dst in pairs[:120]
              if predicted((8, 16), src, dst, sizes) != compiled(mesh, (8, 16), src, dst)]
