@@ -111,14 +111,14 @@ class _Failed(Exception):
 
 
 class _Partitioner:
-    def __init__(self, shape: Sequence[int], itemsize: float):
-        self.shape = tuple(shape)
+    """One reshard followed through XLA's ways: each records the collectives it emits in
+    ``steps``; ``shape`` is passed along, as a grouped or split way changes it."""
+
+    def __init__(self, itemsize: float):
         self.itemsize = itemsize
         self.steps: list[Step] = []
 
-    # -- sizes ---------------------------------------------------------------------------
-    def shard_bytes(self, t: Tiling, shape=None) -> float:
-        shape = self.shape if shape is None else shape
+    def shard_bytes(self, t: Tiling, shape) -> float:
         return math.prod(math.ceil(n / c) for n, c in zip(shape, t.tile_dims)) * self.itemsize
 
     # -- the collectives -----------------------------------------------------------------
@@ -620,7 +620,7 @@ def reshard_steps(shape: Sequence[int], itemsize: float, src: Spec, dst: Spec,
                   axis_sizes: Mapping[str, int]) -> tuple[Step, ...]:
     """The collectives XLA's partitioner emits to take an array of ``shape`` from
     ``src`` to ``dst`` on a mesh of ``axis_sizes``."""
-    p = _Partitioner(shape, itemsize)
+    p = _Partitioner(itemsize)
     source = tiling(src, axis_sizes)
     try:
         p.reshard(source, tiling(dst, axis_sizes), tuple(shape))
