@@ -103,17 +103,19 @@ def test_two_dims_exchanging_unlike_axes_is_an_all_to_all_then_a_permute():
 
 def test_a_gather_beside_a_slice_gathers_the_whole_array():
     # P(b) -> P(None, a): b leaves dim 0 while a joins dim 1. None of the partitioner's
-    # ways applies: the shard counts (4, 1) and (1, 2) do not pair for an all-to-all, a
-    # slice of the copies replicated over a would have to keep dim 0 split, and the
-    # target is not partly replicated. It gathers b, all 65536 bytes, and slices:
+    # ways applies: the shard counts (4, 1) and (1, 2) do not pair for an all-to-all,
+    # slicing the copies (replicated over a) cannot take b off dim 0, and gathering onto
+    # the target (replicated over b) cannot put a on dim 1. It gathers b, all 65536
+    # bytes, and slices:
     # 1e-6 + 3/4 * 65536 / 4e10 = 2.2288 µs (not b's 32768 after slicing a first)
     assert moves((("b",), ()), ((), ("a",))) == [("all-gather", ("b",), 65536, 2.2288e-6)]
 
 
 def test_moving_an_axis_out_of_a_dim_split_twice_gathers_everything():
     # P((a, b)) -> P(None, a): dim 0's 8 shards become 1 and dim 1's 1 become 2; the
-    # counts do not pair for an all-to-all, and nothing is replicated to slice from, so
-    # the partitioner gathers the whole array over all 8 devices, then slices:
+    # counts do not pair for an all-to-all, nothing is replicated to slice from, and
+    # gathering onto the target (replicated over b) cannot put a on dim 1, so the
+    # partitioner gathers the whole array over all 8 devices, then slices:
     # 1e-6 + 7/8 * 65536 / 1e10 = 6.7344 µs
     assert moves((("a", "b"), ()), ((), ("a",))) == [
         ("all-gather", ("a", "b"), 65536, 6.7344e-6)]
