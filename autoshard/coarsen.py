@@ -308,9 +308,9 @@ def undominated(features: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     f = features[allowed]
     n = len(f)
     not_worse = (f[:, None, :] <= f[None, :, :]).all(-1)     # [a, b]: a <= b everywhere
-    # not worse anywhere, so better somewhere unless equal everywhere
-    row = np.unique(f, axis=0, return_inverse=True)[1].reshape(-1)
-    equal = row[:, None] == row[None, :]
+    # not worse anywhere, so better somewhere unless equal everywhere (each not worse
+    # than the other)
+    equal = not_worse & not_worse.T
     first = np.arange(n)[:, None] < np.arange(n)[None, :]
     beats = not_worse & (~equal | first)
     np.fill_diagonal(beats, False)
