@@ -118,8 +118,9 @@ class _Partitioner:
         self.itemsize = itemsize
         self.steps: list[Step] = []
 
-    def shard_bytes(self, t: Tiling, shape) -> float:
-        return math.prod(math.ceil(n / c) for n, c in zip(shape, t.tile_dims)) * self.itemsize
+    def shard_bytes(self, counts: Sequence[int], shape) -> float:
+        """Bytes of one shard of ``shape`` split ``counts`` ways per dim (padded)."""
+        return math.prod(_shard_shape(shape, counts)) * self.itemsize
 
     # -- the collectives -----------------------------------------------------------------
     def permute(self, src: Tiling, dst: Tiling, shape):
@@ -127,11 +128,11 @@ class _Partitioner:
                  if s != d}
         if pairs:
             self.steps.append(Step("collective-permute", tuple(sorted(pairs)),
-                                   self.shard_bytes(src, shape)))
+                                   self.shard_bytes(src.tile_dims, shape)))
         return dst
 
     def all_to_all(self, t: Tiling, groups, shape):
-        self.steps.append(Step("all-to-all", groups, self.shard_bytes(t, shape)))
+        self.steps.append(Step("all-to-all", groups, self.shard_bytes(t.tile_dims, shape)))
 
     def gather(self, t: Tiling, dims: Sequence[int], shape, factors=None) -> None:
         """``ReplicatePartial``: all-gathers taking ``dims`` off ``t``, the last dim first,
@@ -142,14 +143,14 @@ class _Partitioner:
             f = t.dim(d) if factors is None else factors[d]
             if f == 1:
                 continue
-            local = tuple(math.ceil(n / c) for n, c in zip(shape, current))
+            local = _shard_shape(shape, current)
             split = list(t.devices.shape)
             split[d:d + 1] = [t.dim(d) // f, f]
             moved = np.moveaxis(t.devices.reshape(split), d + 1, -1)
             groups = tuple(tuple(int(x) for x in row) for row in moved.reshape(-1, f))
             current[d] //= f
-            out = math.prod(math.ceil(n / c) for n, c in zip(shape, current)) * self.itemsize
-            self.steps.append(Step("all-gather", _unique_groups(groups), out, d, local))
+            self.steps.append(Step("all-gather", _unique_groups(groups),
+                                   self.shard_bytes(current, shape), d, local))
 
     # -- ReshardNoCache ------------------------------------------------------------------
     def reshard(self, src: Tiling, dst: Tiling, shape, full: bool = True) -> Tiling:
@@ -320,8 +321,8 @@ class _Partitioner:
             relabel = {d: s for a, b in zip(src_groups, dst_groups) for s, d in zip(a, b)}
             dst_inner = Tiling(np.vectorize(lambda x: relabel[int(x)])(dst_inner.devices),
                                dst_inner.partial)
-        inner_shape = tuple(math.ceil(n / src.dim(d)) if d in equal else n
-                            for d, n in enumerate(shape))
+        inner_shape = _shard_shape(shape, [src.dim(d) if d in equal else 1
+                                           for d in range(len(shape))])
         mark = len(self.steps)
         self.reshard(src_inner, dst_inner, inner_shape)
         # each group runs the same collectives on its own devices
@@ -336,6 +337,11 @@ def _split_shape(shape, i, src: Tiling, before: Tiling):
     the rest], so that ``before`` tiles it."""
     local = math.ceil(shape[i] / src.dim(i))     # padded where the dim divides unevenly
     return tuple(shape[:i]) + (before.dim(i), local * before.dim(i + 1)) + tuple(shape[i + 1:])
+
+
+def _shard_shape(shape, counts) -> tuple[int, ...]:
+    """One shard's shape: each dim split ``counts[d]`` ways, padded where uneven."""
+    return tuple(math.ceil(n / c) for n, c in zip(shape, counts))
 
 
 def _unique_groups(groups):
