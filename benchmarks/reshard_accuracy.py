@@ -26,12 +26,11 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
 
 import autoshard  # noqa: E402
 from autoshard import cli, specs  # noqa: E402
 from autoshard.cost import reshard_collectives  # noqa: E402
-from autoshard.hlo_report import hlo_report  # noqa: E402
+from autoshard.testing.reshards import compiled_reshard  # noqa: E402
 
 AXIS_NAMES = ("x", "y", "z")
 
@@ -42,13 +41,7 @@ def collectives(found) -> collections.Counter:
 
 
 def compiled(mesh, hw, shape, src, dst) -> collections.Counter:
-    s, d = (NamedSharding(mesh, specs.to_partition_spec(x)) for x in (src, dst))
-    constrain = jax.lax.with_sharding_constraint
-    fn = jax.jit(lambda x: constrain(constrain(x * 2, s), d) * 3, in_shardings=s,
-                 out_shardings=d)
-    report = hlo_report(fn.lower(jax.ShapeDtypeStruct(shape, jnp.float32)).compile(), hw, mesh)
-    return collectives((c.kind, c.axes, c.num_bytes)
-                       for c in report.collectives for _ in range(c.count))
+    return collectives(compiled_reshard(mesh, hw, shape, src, dst))
 
 
 def predicted(hw, sizes, shape, src, dst) -> collections.Counter:

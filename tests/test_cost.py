@@ -21,6 +21,7 @@ from autoshard.cost import build_cost_graph, reshard_collectives, reshard_second
 from autoshard.hlo_report import hlo_report
 from autoshard.strategies import build_strategies
 from autoshard.hardware import Hardware
+from autoshard.testing.reshards import compiled_reshard
 from autoshard.trace import trace
 
 HW = Hardware(flops=1e12, hbm_bandwidth=1e11, memory=1e9,
@@ -128,13 +129,8 @@ def compiled_moves(src, dst):
     """(kind, bytes) of each collective XLA compiles for resharding f32[64, 256] from
     ``src`` to ``dst`` on the 2x4 mesh, as ``hlo_report`` reads them; sorted."""
     mesh = autoshard.make_mesh((2, 4), ("a", "b"))
-    src, dst = (NamedSharding(mesh, specs.to_partition_spec(s)) for s in (src, dst))
-    # as apply writes it: a result constrained to its spec, read through a constraint
-    constrain = jax.lax.with_sharding_constraint
-    fn = jax.jit(lambda x: constrain(constrain(x * 2, src), dst) * 3,
-                 in_shardings=src, out_shardings=dst)
-    report = hlo_report(fn.lower(jax.ShapeDtypeStruct(SHAPE, F32)).compile(), HW, mesh)
-    return sorted((c.kind, c.num_bytes) for c in report.collectives for _ in range(c.count))
+    return sorted((kind, num_bytes)
+                  for kind, _, num_bytes in compiled_reshard(mesh, HW, SHAPE, src, dst))
 
 
 def predicted_moves(src, dst):

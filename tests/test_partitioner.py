@@ -7,17 +7,14 @@ import collections
 import itertools
 import random
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
-from jax.sharding import NamedSharding
 
 import autoshard
 from autoshard import cli, specs
 from autoshard.cost import partitioner
-from autoshard.hlo_report import hlo_report
+from autoshard.testing.reshards import compiled_reshard
 
 SIZES = {"data": 2, "model": 4}
 
@@ -71,16 +68,11 @@ def test_slicing_a_replicated_array_moves_nothing():
 
 
 def compiled(mesh, shape, src, dst):
-    """Each collective (kind, axes, bytes) of resharding an f32 array of ``shape`` as
-    apply writes it: a result constrained to ``src``, read through a ``dst`` constraint."""
-    s, d = (NamedSharding(mesh, specs.to_partition_spec(x)) for x in (src, dst))
-    constrain = jax.lax.with_sharding_constraint
-    fn = jax.jit(lambda x: constrain(constrain(x * 2, s), d) * 3, in_shardings=s,
-                 out_shardings=d)
-    report = hlo_report(fn.lower(jax.ShapeDtypeStruct(shape, jnp.float32)).compile(),
-                        cli.cpu_hardware(mesh), mesh)
-    return collections.Counter((c.kind, tuple(sorted(c.axes)), c.num_bytes)
-                               for c in report.collectives for _ in range(c.count))
+    """Each collective (kind, axes, bytes) XLA compiles for the reshard, as apply writes
+    it (``testing.reshards``)."""
+    return collections.Counter((kind, tuple(sorted(axes)), num_bytes) for kind, axes, num_bytes
+                               in compiled_reshard(mesh, cli.cpu_hardware(mesh), shape, src,
+                                                   dst))
 
 
 def predicted(shape, src, dst, sizes):
