@@ -110,12 +110,16 @@ def pin_spec(path, pspec, shape, sizes) -> specs.Spec:
     return spec
 
 
-def local_costs(request: Request, choice) -> list[np.ndarray]:
-    """Per group: the plan's seconds as a function of that group's strategy alone, the
-    others held at ``choice`` (the solver's ``group_seconds``: ``evaluation`` of the moved
-    choice, less the part no move of the group changes)."""
+def local_costs(request: Request, choice, groups: Sequence[int] | None = None
+                ) -> dict[int, np.ndarray]:
+    """Per group of ``groups`` (every group if None): the plan's seconds as a function of
+    that group's strategy alone, the others held at ``choice`` (the solver's
+    ``group_seconds``: ``evaluation`` of the moved choice, less the part no move of the
+    group changes)."""
     touching = Touching.of(request)
-    return [group_seconds(request, choice, g, touching) for g in range(len(request.node_costs))]
+    if groups is None:
+        groups = range(len(request.node_costs))
+    return {g: group_seconds(request, choice, g, touching) for g in groups}
 
 
 def donated_pairs(graph, donate_argnums: Sequence[int]) -> list[tuple[int, int]]:
@@ -369,12 +373,15 @@ def solve_program(program, options: PlanOptions, fingerprint: str, show,
 
 def solution_of(solved: Solved, stage_seconds: dict[str, float]) -> Solution:
     """What the plan stage reads of the solve stage's outcome: the solver's choice expanded
-    to every group, its evaluation and each group's local seconds."""
-    request, result = solved.request, solved.result
+    to every group, its evaluation and the local seconds of the arguments' groups (their
+    runner-ups)."""
+    request, result, cg = solved.request, solved.result, solved.cost_graph
     choice = solved.coarse.expand(result.choice)
-    return Solution(solved.cost_graph, choice, evaluation(request, choice),
-                    local_costs(request, choice), result.status, result.objective,
-                    result.lower_bound, solved.coarse.num_classes, stage_seconds)
+    arguments = dict.fromkeys(cg.group_of_node[n] for n in cg.space.graph.arg_nodes)
+    return Solution(cg, choice, evaluation(request, choice),
+                    local_costs(request, choice, list(arguments)), result.status,
+                    result.objective, result.lower_bound, solved.coarse.num_classes,
+                    stage_seconds)
 
 
 def budget_error(solved, graph, donated, budget: float, sizes) -> Exception:

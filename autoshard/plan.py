@@ -162,15 +162,15 @@ class PlannedProgram:
 class Solution:
     """What the solve stage hands the plan stage: the cost graph the choice is priced on,
     a strategy per group (the solver's choice expanded from its coarsening), the
-    ``evaluation`` of that choice, per group the plan's seconds as a function of that
-    group's strategy alone (``api.local_costs``: the runner-ups of each argument), and
+    ``evaluation`` of that choice, per argument's group the plan's seconds as a function
+    of that group's strategy alone (``api.local_costs``: the runner-ups), and
     the solver's record: status, objective and lower bound in seconds, how many groups
     it solved (one per class of repeats), each stage's seconds."""
 
     cost_graph: CostGraph
     choice: Sequence[int]
     evaluation: Evaluation
-    local_seconds: Sequence[np.ndarray]
+    local_seconds: Mapping[int, np.ndarray]   # by group
     status: str
     objective_s: float
     lower_bound_s: float
