@@ -173,13 +173,17 @@ class Backend:
     ``combined``: the collective kinds XLA combines when they are independent of each
     other. ``collective_itemsize``: the bytes per element its collectives move narrower
     floats at (CPU XLA converts bf16 and f16 to f32 around every all-reduce, all-gather,
-    all-to-all and collective-permute, doubling their bytes; 0: the dtype's own). ``native_reduce_scatter``: whether XLA forms reduce-scatter (CPU all-reduces
-    and keeps a slice)."""
+    all-to-all and collective-permute, doubling their bytes; 0: the dtype's own).
+    ``contraction_itemsize``: the bytes per element its dots and convolutions run
+    narrower floats at (CPU XLA runs them in f32, so what they read and write is stored
+    in f32: ``xla.stored_widening``; 0: the dtype's own). ``native_reduce_scatter``:
+    whether XLA forms reduce-scatter (CPU all-reduces and keeps a slice)."""
 
     platform: str
     combined: tuple[str, ...]
     collective_itemsize: int
     native_reduce_scatter: bool
+    contraction_itemsize: int = 0
 
     @classmethod
     def bare(cls) -> "Backend":
@@ -195,7 +199,8 @@ class Backend:
         family = "gpu" if platform in ("cuda", "rocm") else platform
         return cls(platform=family, combined=COMBINED_COLLECTIVES.get(family, ()),
                    collective_itemsize=4 if family == "cpu" else 0,
-                   native_reduce_scatter=family != "cpu")
+                   native_reduce_scatter=family != "cpu",
+                   contraction_itemsize=4 if family == "cpu" else 0)
 
 
 def _reported_memory(device, hw: Hardware) -> float:

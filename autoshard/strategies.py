@@ -20,8 +20,8 @@ from autoshard.hardware import Backend, Hardware
 from autoshard.rules import RULES, Einsum, rule_for
 from autoshard.rules.replicated import REPLICATED
 from autoshard.specs import Spec
-from autoshard.xla import (materialized_values, collective_widening, trailing_nodes,
-                          transposed_operands)
+from autoshard.xla import (collective_widening, contraction, materialized_values,
+                           stored_widening, trailing_nodes, transposed_operands, widening)
 
 REPLICATED_BELOW_ELEMENTS = 1024   # arrays this small are kept whole
 MAX_STRATEGIES = 96
@@ -104,13 +104,16 @@ def strategy_name(split) -> str:
 class _Context:
     axis_sizes: Mapping[str, int]
     hardware: Hardware
-    materialized: tuple            # (per operand: read from memory, per result: written)
+    # (per operand, per result): 0 where fused, else how much wider than its dtype it is
+    # read from or written to memory (``xla.stored_widening``; 1: its own width)
+    materialized: tuple
     backend: Backend               # which collectives combine, the width they move
 
 
 def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, ctx) -> list[Strategy]:
     axis_sizes, hw, materialized = ctx.axis_sizes, ctx.hardware, ctx.materialized
     transposed = transposed_operands(node)
+    read_widths, write_widths = stored_widths(einsum, node, out_dtypes, ctx)
     result = []
     for split in assignments(einsum, axis_sizes):
         in_specs = tuple(term_spec(t, split) if v is not None else None
@@ -120,16 +123,17 @@ def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, ctx) -
         flops = einsum.flops / iteration_shards
         in_bytes_each = [specs.per_device_bytes(s, d, sp or specs.replicated(len(s)), axis_sizes)
                          for s, d, sp in zip(node.operand_shapes, node.operand_dtypes, in_specs)]
-        in_bytes = sum(in_bytes_each)
         out_bytes = [specs.per_device_bytes(s, d, sp, axis_sizes)
                      for s, d, sp in zip(out_shapes, out_dtypes, out_specs)]
+        stored_in = [b * width for b, width in zip(in_bytes_each, read_widths)]
+        stored_out = [b * width for b, width in zip(out_bytes, write_widths)]
         if einsum.fusible:   # a fusion reads its materialized inputs, writes its outputs
-            touched = (sum(b for b, m in zip(out_bytes, materialized[1]) if m)
-                       + sum(b for b, m in zip(in_bytes_each, materialized[0]) if m))
+            touched = (sum(b for b, m in zip(stored_out, materialized[1]) if m)
+                       + sum(b for b, m in zip(stored_in, materialized[0]) if m))
         else:
-            touched = in_bytes + sum(out_bytes)
+            touched = sum(stored_in) + sum(stored_out)
         compute_s = (hw.compute_seconds(flops, touched) + layout_copy_seconds(
-            in_bytes_each, transposed, hw)) * node.weight
+            stored_in, transposed, hw)) * node.weight
         if node.kind in ("output", "boundary"):
             compute_s = slice_copy_seconds(node, out_shapes, in_bytes_each, out_bytes, hw)
         partial_axes = tuple(a for a in axis_sizes
@@ -147,6 +151,19 @@ def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, ctx) -
         result += reduction_variants(node, name, in_specs, out_specs, out_shapes, wire_bytes,
                                      partial_axes, per_label, compute_s, einsum, ctx)
     return result
+
+
+def stored_widths(einsum: Einsum, node: Node, out_dtypes, ctx) -> tuple[list, list]:
+    """How much wider than its dtype each operand is read and each result written
+    (``xla.stored_widening``): a contraction on a backend that runs narrow floats wider
+    reads and writes every narrow operand at that width, whether it is in memory or
+    folded in; other nodes, what is in memory at the width it was stored."""
+    if contraction(einsum):
+        itemsize = ctx.backend.contraction_itemsize
+        return ([widening(d, itemsize) for d in node.operand_dtypes],
+                [widening(d, itemsize) for d in out_dtypes])
+    return ([max(width, 1.0) for width in ctx.materialized[0]],
+            [max(width, 1.0) for width in ctx.materialized[1]])
 
 
 def shift_permutes(einsum: Einsum, split, out_bytes, weight: float, ctx) -> tuple:
@@ -374,6 +391,7 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
             rules_seen[signature] = rule_for(node, [graph.values[v].shape for v in node.outputs])
         einsums.append(rules_seen[signature])
     materialized = materialized_values(graph, einsums)
+    stored = stored_widening(graph, einsums, materialized, backend.contraction_itemsize)
     trailing = (trailing_nodes(graph, einsums) if backend.combined
                 else [False] * len(graph.nodes))
     unsplit = whole_values(graph)
@@ -393,8 +411,9 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
         if node.kind == "const":
             all_strategies.append(tuple(value_strategies(out_values[0].shape, {})))
             continue
-        reads = tuple(v is not None and materialized[v] for v in node.operands)
-        writes = tuple(materialized[v.id] for v in out_values)
+        reads = tuple(stored[v] if v is not None and materialized[v] else 0.0
+                      for v in node.operands)
+        writes = tuple(stored[v.id] if materialized[v.id] else 0.0 for v in out_values)
         whole = (tuple(v is not None and unsplit[v] for v in node.operands),
                  tuple(unsplit[v.id] for v in out_values))
         key = (signatures[node.id], reads, writes, trailing[node.id], pins.get(node.id), whole)

@@ -22,19 +22,26 @@ if TYPE_CHECKING:
     from autoshard.strategies import Strategy
 
 
-# -- the width a backend moves narrow floats at ----------------------------------------
+# -- the width a backend moves and stores narrow floats at -----------------------------
 
-def collective_widening(dtype, collective_itemsize: int) -> float:
-    """How much wider than ``dtype`` the backend's collectives move it: CPU XLA converts
-    bf16 and f16 to f32 before every collective (and back after), so they move 2x the
-    program's bytes; 1 elsewhere."""
+def widening(dtype, itemsize: int) -> float:
+    """How much wider than ``dtype`` a backend that runs narrow floats at ``itemsize``
+    bytes per element (0: at their own width) moves or stores it: 2 for bf16 at 4 bytes;
+    1 for wider floats and for every other dtype."""
     try:
         dtype = np.dtype(dtype)
     except TypeError:
         return 1.0
     if not np.issubdtype(dtype, np.floating) and dtype.name not in ("bfloat16",):
         return 1.0
-    return max(1.0, collective_itemsize / dtype.itemsize)
+    return max(1.0, itemsize / dtype.itemsize)
+
+
+def collective_widening(dtype, collective_itemsize: int) -> float:
+    """How much wider than ``dtype`` the backend's collectives move it: CPU XLA converts
+    bf16 and f16 to f32 before every collective (and back after), so they move 2x the
+    program's bytes; 1 elsewhere."""
+    return widening(dtype, collective_itemsize)
 
 
 def wire_dtype(dtype, collective_itemsize: int):
@@ -42,6 +49,39 @@ def wire_dtype(dtype, collective_itemsize: int):
     if collective_widening(dtype, collective_itemsize) > 1.0:
         return np.dtype(f"float{8 * collective_itemsize}")
     return dtype
+
+
+def stored_widening(graph: Graph, einsums, materialized, contraction_itemsize: int
+                    ) -> list[float]:
+    """Per value, how much wider than its dtype XLA writes it to memory.
+
+    CPU XLA runs dots and convolutions on narrow floats in f32 (its float normalization):
+    the fusion producing an operand of one converts to f32 before writing it, and the
+    contraction writes its result in f32 for its readers to convert back. So a bf16 value
+    in memory that a contraction reads (directly, or through a transpose folded into it)
+    or writes takes twice its bytes to write and to read; every other value, and every
+    value on a backend with narrow-float dots (``contraction_itemsize`` 0), its own."""
+    widened = []
+    for value in graph.values:
+        factor = 1.0
+        if contraction_itemsize and materialized[value.id] and (
+                contraction(einsums[value.producer]) or read_by_contraction(graph, einsums,
+                                                                            value)):
+            factor = widening(value.dtype, contraction_itemsize)
+        widened.append(factor)
+    return widened
+
+
+def read_by_contraction(graph: Graph, einsums, value) -> bool:
+    """Whether a dot or convolution reads ``value``, directly or through a transpose XLA
+    folds into it (``folded_into_dots``)."""
+    for user, _ in graph.users[value.id]:
+        if contraction(einsums[user]):
+            return True
+        node = graph.nodes[user]
+        if node.outputs and folded_into_dots(graph, graph.values[node.outputs[0]]):
+            return True
+    return False
 
 
 # -- layouts: operands XLA copies into another layout before a dot or convolution ------
