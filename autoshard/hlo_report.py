@@ -575,21 +575,26 @@ def _shape_of(comp: Computation, name: str) -> Shape:
 
 def _fusion_bytes(comp: Computation, inst: Instruction, fused: Computation) -> int:
     """A fusion reads each operand whole, or only the slices it takes of it, and writes its
-    result, or only the updates of the outputs it updates in place."""
+    result, or only the updates of the outputs it updates in place. A loop fusion of ops
+    that each read one element per element they compute (``_elementwise_loop``) reads at
+    most as many elements of an operand as it computes: a slice or an all-to-all chunk
+    cut from an elementwise result reads only what it keeps."""
     root = fused.root
     outputs = ([fused.by_name[o] for o in root.operands if o in fused.by_name]
                if root.opcode == "tuple" else [root])
-    in_place, written = set(), 0
+    in_place, written, computed = set(), 0, 0
     for out in outputs:
         update = _in_place_update(fused, out)
         if update is not None:
             buffer, update_elements = update
             in_place.add(buffer)
             written += update_elements * out.shape.num_bytes // max(out.shape.num_elements, 1)
+            computed = max(computed, update_elements)
         else:
             written += out.shape.num_bytes
+            computed = max(computed, out.shape.num_elements)
+    bounded = _elementwise_loop(inst, fused)
     read = 0
-    sliced_elements, kept = _sliced_root(fused)
     for k, operand in enumerate(inst.operands):
         param = fused.parameter(k)
         if param is not None and param.name in in_place:
@@ -599,11 +604,34 @@ def _fusion_bytes(comp: Computation, inst: Instruction, fused: Computation) -> i
         if users and all(u.opcode in ("dynamic-slice", "slice") and u.operands[0] == param.name
                          for u in users):
             read += sum(u.shape.num_bytes for u in users)
-        elif sliced_elements and shape.num_elements == sliced_elements:
-            read += shape.num_bytes * kept // sliced_elements
+        elif bounded and shape.num_elements > computed:
+            read += shape.num_bytes * computed // shape.num_elements
         else:
             read += shape.num_bytes
     return read + written
+
+
+# ops that compute each element of their result from one element of each operand, or
+# from none (a loop fusion of these reads no more of an operand than it computes)
+_ONE_ELEMENT_EACH = frozenset({
+    "parameter", "constant", "iota", "broadcast", "bitcast", "reshape", "copy", "transpose",
+    "convert", "bitcast-convert", "reduce-precision", "slice", "dynamic-slice",
+    "dynamic-update-slice", "concatenate", "pad", "reverse", "select", "clamp", "compare",
+    "tuple", "get-tuple-element", "partition-id", "replica-id",
+    "add", "subtract", "multiply", "divide", "remainder", "maximum", "minimum", "power",
+    "atan2", "and", "or", "xor", "not", "shift-left", "shift-right-arithmetic",
+    "shift-right-logical", "abs", "negate", "sign", "exponential", "exponential-minus-one",
+    "log", "log-plus-one", "sqrt", "rsqrt", "cbrt", "tanh", "logistic", "sine", "cosine",
+    "tan", "floor", "ceil", "round-nearest-afz", "round-nearest-even", "is-finite",
+    "popcnt", "count-leading-zeros", "real", "imag", "complex", "erf", "stochastic-convert"})
+
+
+def _elementwise_loop(inst: Instruction, fused: Computation) -> bool:
+    """Whether ``inst`` is a loop fusion whose every op reads one element of each operand
+    per element it computes (no reduction, gather or contraction): XLA emits it as one
+    loop over the elements it writes."""
+    return (inst.attrs.get("kind") == "kLoop"
+            and all(i.opcode in _ONE_ELEMENT_EACH for i in fused.instructions))
 
 
 def _in_place_update(fused: Computation, out: Instruction) -> tuple[str, int] | None:
@@ -627,19 +655,6 @@ def _in_place_update(fused: Computation, out: Instruction) -> tuple[str, int] | 
     if buffer.opcode != "parameter":
         return None
     return buffer.name, _shape_of(fused, node.operands[1]).num_elements
-
-
-def _sliced_root(fused: Computation) -> tuple[int, int]:
-    """(elements sliced, elements kept) when the fusion's result is a slice of what it
-    computes (through bitcasts and reshapes): a loop fusion computes only the elements it
-    keeps, so it reads only those of each operand of the sliced shape (the chunks XLA's
-    CPU all-to-all cuts from an activation, one fusion per peer); (0, 0) otherwise."""
-    node = fused.root
-    while node.opcode in ("bitcast", "reshape") and node.operands[0] in fused.by_name:
-        node = fused.by_name[node.operands[0]]
-    if node.opcode not in ("slice", "dynamic-slice") or node.operands[0] not in fused.by_name:
-        return 0, 0
-    return fused.by_name[node.operands[0]].shape.num_elements, node.shape.num_elements
 
 
 # --------------------------------------------------------------------------- collectives

@@ -18,8 +18,8 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from autoshard.hardware import (Hardware, all_gather_seconds, all_reduce_seconds,
                                 all_to_all_seconds, collective_permute_seconds,
                                 reduce_scatter_seconds)
-from autoshard.hlo_report import (Report, hlo_report, parse_hlo, parse_replica_groups,
-                                  report_from_hlo_text)
+from autoshard.hlo_report import (Report, _bytes, hlo_report, parse_hlo,
+                                  parse_replica_groups, report_from_hlo_text)
 
 HLO = pathlib.Path(__file__).parent / "hlo"
 LATENCY = 1e-6
@@ -340,6 +340,20 @@ def test_scan_reads_one_slice_of_the_stack_per_iteration(dtype):
     assert per_iteration[1] == pytest.approx(per_iteration[0], rel=0.1)
     # at least the layer's weights (256 KiB in f32) are read each iteration
     assert per_iteration[0] >= 256 * 256 * jnp.dtype(dtype).itemsize
+
+
+def test_a_loop_fusion_reads_no_more_of_an_operand_than_it_computes():
+    """One of the chunks CPU XLA cuts for an all-to-all, cut from an elementwise result:
+    the loop computes its 8*32*64 = 16384 elements, each from one element of each operand,
+    so it reads 16384 of the 131072 of f32[8,32,512] and of the 1048576 of f32[8,256,512],
+    not both whole, once per chunk. A loop with a reduction in it reads what it reduces."""
+    module = parse_hlo((HLO / "cpu_all_to_all_chunk.hlo").read_text())
+    entry = module.entry
+    fusions = {i.name: i for i in entry.instructions if i.opcode == "fusion"}
+    chunk = 16384 * F32
+    assert _bytes(module, entry, fusions["chunk_fusion"]) == 2 * chunk + 4 + chunk
+    assert (_bytes(module, entry, fusions["reduce_fusion"])
+            == 8 * 256 * 512 * F32 + 8 * 256 * F32)
 
 
 def test_cpu_reduce_scatter_prices_like_a_real_reduce_scatter(mesh8):
