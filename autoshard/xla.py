@@ -59,21 +59,16 @@ def stored_widening(graph: Graph, einsums, materialized, contraction_itemsize: i
     the fusion producing an operand of one converts to f32 before writing it, and the
     contraction writes its result in f32 for its readers to convert back. So a bf16 value
     in memory that a contraction reads (directly, or through a transpose folded into it)
-    or writes takes twice its bytes to write and to read. A scan stacks such a value in
-    f32 too (the residual a backward dot reads), and its slices of that stack are f32.
-    Every other value, and every value on a backend with narrow-float dots
-    (``contraction_itemsize`` 0), takes its own."""
-    widened = [1.0] * len(graph.values)
-    if not contraction_itemsize:
-        return widened
+    or writes takes twice its bytes to write and to read; every other value, and every
+    value on a backend with narrow-float dots (``contraction_itemsize`` 0), its own."""
+    widened = []
     for value in graph.values:
-        if materialized[value.id] and (contraction(einsums[value.producer])
-                                       or read_by_contraction(graph, einsums, value)):
-            widened[value.id] = widening(value.dtype, contraction_itemsize)
-    for node in graph.nodes:   # in order: a stack before the loops that slice it
-        if node.primitive in ("loop_ys", "loop_xs") and node.operands[0] is not None:
-            out = node.outputs[0]
-            widened[out] = max(widened[out], widened[node.operands[0]])
+        factor = 1.0
+        if contraction_itemsize and materialized[value.id] and (
+                contraction(einsums[value.producer]) or read_by_contraction(graph, einsums,
+                                                                            value)):
+            factor = widening(value.dtype, contraction_itemsize)
+        widened.append(factor)
     return widened
 
 
