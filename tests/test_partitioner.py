@@ -143,3 +143,31 @@ def test_every_reshard_is_some_collectives_over_the_mesh(case):
         assert all(0 <= d < devices for g in step.groups for d in g)
     if src == dst:
         assert found == ()
+
+
+@st.composite
+def wide_reshards(draw):
+    """As ``reshards``, with some dims large multiples of the squared device count (the
+    ones ``canonical_shape`` replaces)."""
+    shape, src, dst, sizes = draw(reshards())
+    square = int(np.prod(list(sizes.values()))) ** 2
+    shape = tuple(square * draw(st.sampled_from([2, 3, 5, 8])) if draw(st.booleans()) else n
+                  for n in shape)
+    return shape, src, dst, sizes
+
+
+@settings(max_examples=300, deadline=None)
+@given(wide_reshards())
+def test_a_canonical_shape_takes_the_same_steps_with_bytes_scaled(case):
+    # the steps followed on the canonical shape are those of the array itself: the same
+    # kinds over the same device groups, gathering the same dims, each moving the bytes
+    # of the array's step divided by the scale
+    shape, src, dst, sizes = case
+    canonical, scale = partitioner.canonical_shape(shape, sizes)
+    direct = partitioner.reshard_steps(shape, 4, src, dst, sizes)
+    found = partitioner.cached_reshard_steps(canonical, 4, src, dst, sizes)
+    assert [(s.kind, s.groups, s.gathered_dim) for s in found] == \
+        [(s.kind, s.groups, s.gathered_dim) for s in direct]
+    assert [s.num_bytes * scale for s in found] == pytest.approx([s.num_bytes for s in direct])
+    assert [[n > 1 for n in s.local_shape] for s in found] == \
+        [[n > 1 for n in s.local_shape] for s in direct]

@@ -637,6 +637,39 @@ def reshard_steps(shape: Sequence[int], itemsize: float, src: Spec, dst: Spec,
     return tuple(p.steps)
 
 
+def canonical_shape(shape: Sequence[int], axis_sizes: Mapping[str, int]
+                    ) -> tuple[tuple[int, ...], float]:
+    """A shape whose reshards take the same steps as ``shape``'s, and how many times more
+    bytes each step of ``shape`` moves.
+
+    The ways above read a dim's size only through divisions by tile counts, or by a
+    product of two, all of which divide the square of the device count. A dim that this
+    square divides at least twice over therefore takes the same ways and collectives
+    whatever its size, and its bytes scale with it: it is set to twice the square.
+    Reshards of arrays alike but for such sizes (activations and weights of one
+    layer's widths, at any batch or sequence length) are followed once
+    (``cached_reshard_steps``)."""
+    square = math.prod(axis_sizes.values()) ** 2
+    canonical = tuple(2 * square if n % square == 0 and n >= 2 * square else n
+                      for n in shape)
+    if 0 in canonical:
+        return tuple(shape), 1.0
+    return canonical, math.prod(shape) / math.prod(canonical)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _steps_on(shape: tuple[int, ...], itemsize: float, src: Spec, dst: Spec,
+              axes: tuple[tuple[str, int], ...]) -> tuple[Step, ...]:
+    return reshard_steps(shape, itemsize, src, dst, dict(axes))
+
+
+def cached_reshard_steps(shape: Sequence[int], itemsize: float, src: Spec, dst: Spec,
+                         axis_sizes: Mapping[str, int]) -> tuple[Step, ...]:
+    """``reshard_steps``, kept per (shape, itemsize, specs, mesh) for the process: a plan
+    weighs the same reshards in every setting it tries, and so do later plans."""
+    return _steps_on(tuple(shape), float(itemsize), src, dst, tuple(axis_sizes.items()))
+
+
 def group_axes(groups, axis_sizes: Mapping[str, int]) -> tuple[str, ...]:
     """The mesh axes along which the devices of any one group differ."""
     names, coords = _coordinates(tuple(axis_sizes.items()))

@@ -38,30 +38,30 @@ def reshard_collectives(shape: Sequence[int], dtype, src: Spec, dst: Spec,
     """
     if src == dst:
         return ()
-    steps = partitioner.reshard_steps(shape, np.dtype(dtype).itemsize, src, dst, axis_sizes)
+    canonical, scale = partitioner.canonical_shape(shape, axis_sizes)
+    steps = partitioner.cached_reshard_steps(canonical, np.dtype(dtype).itemsize, src, dst,
+                                             axis_sizes)
     out, major = [], None
-    for step in steps:
+    for step in steps:   # followed on the canonical shape: its bytes scaled to ``shape``'s
         axes = partitioner.group_axes(step.groups, axis_sizes)
         bandwidth, size = hw.group_bandwidth(axes), len(step.groups[0])
+        num_bytes = step.num_bytes * scale
         if step.kind == "all-gather":
             dim, local = step.gathered_dim, step.local_shape
             first = major if major is not None else next(
                 (k for k, n in enumerate(local) if n > 1), dim)
-            copy = 0.0 if first == dim or local[first] == 1 else 2 * step.num_bytes / size
-            seconds = hwlib.all_gather_seconds(step.num_bytes, size, bandwidth,
-                                               hw.link_latency)
+            copy = 0.0 if first == dim or local[first] == 1 else 2 * num_bytes / size
+            seconds = hwlib.all_gather_seconds(num_bytes, size, bandwidth, hw.link_latency)
             seconds += hw.compute_seconds(0.0, copy)
             major = dim
         elif step.kind == "all-to-all":
-            seconds = hwlib.all_to_all_seconds(step.num_bytes, size, bandwidth,
-                                               hw.link_latency)
-            seconds += hw.compute_seconds(0.0, 2 * step.num_bytes)
+            seconds = hwlib.all_to_all_seconds(num_bytes, size, bandwidth, hw.link_latency)
+            seconds += hw.compute_seconds(0.0, 2 * num_bytes)
             major = None
         else:
-            seconds = hwlib.collective_permute_seconds(step.num_bytes, bandwidth,
-                                                       hw.link_latency)
+            seconds = hwlib.collective_permute_seconds(num_bytes, bandwidth, hw.link_latency)
             major = None
-        out.append(Collective(step.kind, axes, step.num_bytes, seconds))
+        out.append(Collective(step.kind, axes, num_bytes, seconds))
     return tuple(out)
 
 
