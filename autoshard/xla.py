@@ -3,9 +3,9 @@
 Which values XLA keeps in memory rather than fusing them (its fusion passes), which
 operands it copies into another layout before a dot or convolution, which transposes it
 folds into dots, which collectives its combiner merges into one, and the width a backend
-moves narrow floats at in collectives and stores them at around dots. ``strategies`` prices strategies with them and ``cost`` builds
-memory terms and shared latencies from them; ``hlo_report`` reads what XLA did in the
-compiled program. Backend facts read from the device (reduce-scatter formed or emulated,
+moves narrow floats at in collectives and stores them at around dots. ``strategies``
+prices strategies with them and ``cost`` builds memory terms and shared latencies from
+them; ``hlo_report`` reads what XLA did in the compiled program. Backend facts read from the device (reduce-scatter formed or emulated,
 collectives combined, those widths) live in ``hardware.Backend``.
 """
 
