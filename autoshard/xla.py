@@ -5,8 +5,9 @@ operands it copies into another layout before a dot or convolution, which transp
 folds into dots, which collectives its combiner merges into one, and the width a backend
 moves narrow floats at in collectives and stores them at around dots. ``strategies``
 prices strategies with them and ``cost`` builds memory terms and shared latencies from
-them; ``hlo_report`` reads what XLA did in the compiled program. Backend facts read from the device (reduce-scatter formed or emulated,
-collectives combined, those widths) live in ``hardware.Backend``.
+them; ``hlo_report`` reads what XLA did in the compiled program. Backend facts read
+from the device (reduce-scatter formed or emulated, collectives combined, those widths)
+live in ``hardware.Backend``.
 """
 
 from __future__ import annotations
@@ -61,15 +62,13 @@ def stored_widening(graph: Graph, einsums, materialized, contraction_itemsize: i
     in memory that a contraction reads (directly, or through a transpose folded into it)
     or writes takes twice its bytes to write and to read; every other value, and every
     value on a backend with narrow-float dots (``contraction_itemsize`` 0), its own."""
-    widened = []
-    for value in graph.values:
-        factor = 1.0
-        if contraction_itemsize and materialized[value.id] and (
-                contraction(einsums[value.producer]) or read_by_contraction(graph, einsums,
-                                                                            value)):
-            factor = widening(value.dtype, contraction_itemsize)
-        widened.append(factor)
-    return widened
+    if not contraction_itemsize:
+        return [1.0] * len(graph.values)
+    return [widening(value.dtype, contraction_itemsize)
+            if materialized[value.id] and (contraction(einsums[value.producer])
+                                           or read_by_contraction(graph, einsums, value))
+            else 1.0
+            for value in graph.values]
 
 
 def read_by_contraction(graph: Graph, einsums, value) -> bool:

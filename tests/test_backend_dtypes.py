@@ -2,13 +2,18 @@
 and after), so its collectives move 2x the program's bytes; and it runs bf16 dots in f32,
 so what a dot reads and writes is stored in f32."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import autoshard
+from autoshard.hardware import Backend
 from autoshard.hlo_report import hlo_report
+from autoshard.strategies import build_strategies
+from autoshard.trace import trace
 
 
 def matmul(x, w):
@@ -105,14 +110,10 @@ def test_cpu_bf16_dots_read_and_write_f32(mesh_1d, pins):
 def test_only_narrow_floats_are_stored_wider(dtype):
     # the same program priced for a backend with f32 dots and for one with dots of the
     # program's width: bf16 values around the dots cost more, f32 ones the same
-    import dataclasses
-    from autoshard.hardware import Backend
-    from autoshard.strategies import build_strategies
-    from autoshard.trace import trace
     params = {"w1": jax.ShapeDtypeStruct((64, 256), jnp.float32),
               "w2": jax.ShapeDtypeStruct((256, 64), jnp.float32)}
     graph = trace(mlp_step, params, jax.ShapeDtypeStruct((32, 64), dtype))
-    native = dataclasses.replace(Backend.bare(), contraction_itemsize=0)
+    native = Backend.bare()   # dots at the program's width
 
     def seconds(backend):
         space = build_strategies(graph, {"data": 8}, autoshard.H100, backend=backend)

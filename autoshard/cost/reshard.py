@@ -26,7 +26,8 @@ REDUCTIONS = ("all-reduce", "reduce-scatter")   # collectives that reduce a part
 def reshard_collectives(shape: Sequence[int], dtype, src: Spec, dst: Spec,
                         axis_sizes: Mapping[str, int], hw: Hardware) -> tuple[Collective, ...]:
     """The collectives that turn an array split as ``src`` into one split as ``dst``: those
-    XLA's partitioner emits (:func:`partitioner.reshard_steps`), priced on ``hw``.
+    XLA's partitioner emits (:func:`partitioner.reshard_steps`, followed once per
+    canonical shape), priced on ``hw``.
 
     Beside each collective's own time, two copies XLA makes are priced: an all-to-all's
     buffer is first copied into peer-major order (read and write it), and an all-gather
