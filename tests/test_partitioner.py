@@ -171,3 +171,37 @@ def test_a_canonical_shape_takes_the_same_steps_with_bytes_scaled(case):
     assert [s.num_bytes * scale for s in found] == pytest.approx([s.num_bytes for s in direct])
     assert [[n > 1 for n in s.local_shape] for s in found] == \
         [[n > 1 for n in s.local_shape] for s in direct]
+
+
+@st.composite
+def reshards_with_unit_dims(draw):
+    """As ``reshards``, with runs of size-1 dims that neither spec splits inserted
+    (a [1, seq, d] slice, a [b, s, 1, 1] mask)."""
+    shape, src, dst, sizes = draw(reshards())
+    for _ in range(draw(st.integers(1, 3))):
+        at = draw(st.integers(0, len(shape)))
+        shape = shape[:at] + (1,) + shape[at:]
+        src, dst = (s[:at] + ((),) + s[at:] for s in (src, dst))
+    return shape, src, dst, sizes
+
+
+@settings(max_examples=400, deadline=None)
+@given(reshards_with_unit_dims(), st.sampled_from([1, 2, 4]))
+def test_a_canonical_reshard_takes_the_same_steps(case, itemsize):
+    # the reshard with each run of unsplit size-1 dims cut to one, of one-byte elements,
+    # takes the array's own steps: the same kinds over the same device groups, gathering
+    # the same dim (counted among the kept ones), bytes divided by the scale
+    shape, src, dst, sizes = case
+    canonical, c_src, c_dst, scale = partitioner.canonical_reshard(shape, itemsize, src,
+                                                                   dst, sizes)
+    direct = partitioner.reshard_steps(shape, itemsize, src, dst, sizes)
+    found = partitioner.reshard_steps(canonical, 1, c_src, c_dst, sizes)
+    cut = [d for d in range(1, len(shape)) if shape[d] == shape[d - 1] == 1
+           and not src[d] and not dst[d] and not src[d - 1] and not dst[d - 1]]
+    kept = [d for d in range(len(shape)) if d not in cut]
+    assert [(s.kind, s.groups) for s in found] == [(s.kind, s.groups) for s in direct]
+    assert [s.num_bytes * scale for s in found] == pytest.approx([s.num_bytes for s in direct])
+    assert [s.gathered_dim for s in found] == [
+        None if s.gathered_dim is None else kept.index(s.gathered_dim) for s in direct]
+    assert [[n > 1 for n in s.local_shape] for s in found] == \
+        [[n > 1 for k, n in enumerate(s.local_shape) if k in kept] for s in direct]

@@ -657,6 +657,31 @@ def canonical_shape(shape: Sequence[int], axis_sizes: Mapping[str, int]
     return canonical, math.prod(shape) / math.prod(canonical)
 
 
+def canonical_reshard(shape: Sequence[int], itemsize: float, src: Spec, dst: Spec,
+                      axis_sizes: Mapping[str, int]
+                      ) -> tuple[tuple[int, ...], Spec, Spec, float]:
+    """(shape, src, dst, scale): a reshard of one-byte elements taking the same steps as
+    the given one, each moving ``scale`` times fewer bytes, dims aside.
+
+    Its dims: ``canonical_shape``'s, with each run of size-1 dims that neither spec
+    splits cut to one. One such dim is kept: the ways may move replicas onto it, or
+    through it, but never need two in a row (tested on generated reshards). An
+    all-gather's ``gathered_dim`` and ``local_shape`` are then the kept dims'. The
+    element size enters the ways only through each step's bytes. Reshards of an
+    activation and of its bf16 cast, or of [b, s, 1, 1] and [b, s, 1] masks, are
+    followed once."""
+    def split(spec: Spec, d: int) -> bool:
+        return d < len(spec) and bool(spec[d])
+    keep = [d for d, n in enumerate(shape)
+            if n != 1 or split(src, d) or split(dst, d) or d == 0 or shape[d - 1] != 1
+            or split(src, d - 1) or split(dst, d - 1)]
+    canonical, scale = canonical_shape([shape[d] for d in keep], axis_sizes)
+
+    def kept(spec: Spec) -> Spec:
+        return tuple(spec[d] if d < len(spec) else () for d in keep)
+    return canonical, kept(src), kept(dst), scale * itemsize
+
+
 @functools.lru_cache(maxsize=1 << 14)
 def _steps_on(shape: tuple[int, ...], itemsize: float, src: Spec, dst: Spec,
               axes: tuple[tuple[str, int], ...]) -> tuple[Step, ...]:

@@ -27,7 +27,7 @@ def reshard_collectives(shape: Sequence[int], dtype, src: Spec, dst: Spec,
                         axis_sizes: Mapping[str, int], hw: Hardware) -> tuple[Collective, ...]:
     """The collectives that turn an array split as ``src`` into one split as ``dst``: those
     XLA's partitioner emits (:func:`partitioner.reshard_steps`, followed once per
-    canonical shape), priced on ``hw``.
+    canonical reshard), priced on ``hw``.
 
     Beside each collective's own time, two copies XLA makes are priced: an all-to-all's
     buffer is first copied into peer-major order (read and write it), and an all-gather
@@ -39,9 +39,9 @@ def reshard_collectives(shape: Sequence[int], dtype, src: Spec, dst: Spec,
     """
     if src == dst:
         return ()
-    canonical, scale = partitioner.canonical_shape(shape, axis_sizes)
-    steps = partitioner.cached_reshard_steps(canonical, np.dtype(dtype).itemsize, src, dst,
-                                             axis_sizes)
+    canonical, src, dst, scale = partitioner.canonical_reshard(
+        shape, np.dtype(dtype).itemsize, src, dst, axis_sizes)
+    steps = partitioner.cached_reshard_steps(canonical, 1, src, dst, axis_sizes)
     out, major = [], None
     for step in steps:   # followed on the canonical shape: its bytes scaled to ``shape``'s
         axes = partitioner.group_axes(step.groups, axis_sizes)
