@@ -337,7 +337,7 @@ def solve_program(program, options: PlanOptions, fingerprint: str, show,
     show.stage(f"enumerating strategies for {len(graph.nodes)} nodes")
     pinned = resolve_pins(options.pins, graph, sizes)
     if active_pipeline() is not None:   # the stage dims the pipeline put on its axis
-        pinned.update(constraint_pins(graph, active_pipeline().axis))
+        pinned.update(constraint_pins(graph, active_pipeline()))
     donated = donated_pairs(graph, options.donate_argnums)
     user_pinned = pinned
     pinned = pin_donated_arguments(graph, pinned, donated)

@@ -24,6 +24,14 @@ keeps the last stage's results until their next repeat, and at the end holds the
 outputs. Inside the loop only the shift crosses the stage axis, in the forward pass and in
 the backward pass autodiff writes.
 
+With ``replicas`` R > 1 each microbatch is split again into R slices over the replica axes
+(``[M, R, B / (M R), ...]``; data parallel inside a stage) and the stage step is ``vmap``-ed
+over them too. The stage's layers are broadcast to one copy a slice before the loop: the
+backward pass then accumulates each slice's weight gradient on that slice's devices and
+sums the copies once, after the loop. With one copy read by every slice, the gradient of
+each iteration is a sum over the replica axes that GSPMD reduces inside the loop, once
+per iteration.
+
 Stage s at iteration t runs pass k = t - s (idle unless 0 <= k < M V): microbatch k mod M
 in repeat k // M. Microbatch m leaves the last stage at iteration (r M + m) + S - 1 and
 re-enters stage 0 at ((r + 1) M + m), so the circular schedule needs M >= S. The bubble
@@ -98,6 +106,10 @@ class Pipelining:
     layers: int = 0
     schedule: str = "gpipe"
     repeats: int = 1
+    # each microbatch split into ``replicas`` slices over the mesh axes ``replica_axes``
+    # (data parallel inside a stage), the stage's layers broadcast to one copy a slice
+    replica_axes: tuple[str, ...] = ()
+    replicas: int = 1
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
@@ -138,9 +150,11 @@ class Pipelining:
         """One line for ``Plan.summary``."""
         laps = (f" x {self.repeats} repeats of {self.layers_per_pass} layers"
                 if self.repeats > 1 else "")
+        split = (f" (each in {self.replicas} slices over {','.join(self.replica_axes)})"
+                 if self.replicas > 1 else "")
         return (f"pipeline over {self.axis!r}: {self.stages} stages x {self.layers_per_stage} "
-                f"layers{laps}, {self.microbatches} microbatches, {self.schedule} schedule, "
-                f"{self.iterations} steps, bubble {self.bubble_fraction:.1%}")
+                f"layers{laps}, {self.microbatches} microbatches{split}, {self.schedule} "
+                f"schedule, {self.iterations} steps, bubble {self.bubble_fraction:.1%}")
 
     def work(self, stage: int, step: int) -> tuple[int, int] | None:
         """(microbatch, repeat) stage ``stage`` works on at loop iteration ``step`` (None:
@@ -212,7 +226,7 @@ def pipelined(fun: Callable, setting: Pipelining | None, mesh, batch_of: Callabl
     run, and tells which of the scan's operands are batch-shaped (their shapes differ).
     """
     stages, count = (1, 1) if setting is None else (setting.stages * setting.repeats,
-                                                    setting.microbatches)
+                                                    setting.microbatches * setting.replicas)
 
     def run(*args, **kwargs):
         flat, tree = jax.tree.flatten(args)
@@ -228,7 +242,7 @@ def pipelined(fun: Callable, setting: Pipelining | None, mesh, batch_of: Callabl
                 f"loss has no lax.scan over stacked layers whose length {stages} "
                 f"{'stage passes' if setting is not None and setting.repeats > 1 else 'stages'} "
                 f"divide and whose carry holds the batch of {batch} rows in {count} "
-                "microbatches")
+                "microbatch slices")
         micro_target = None
         if setting is not None:
             rows = batch // count
@@ -285,10 +299,29 @@ class Interpreter:
                              unroll=p["unroll"])
         return [*final, *ys]
 
-    def constrain_stages(self, x):
-        """``x``'s leading (stage) dim on the stage axis, its other dims left free."""
-        spec = PartitionSpec(self.setting.axis, *[PartitionSpec.UNCONSTRAINED] * (x.ndim - 1))
-        return lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
+    def constrain_stages(self, x, replica_dim: int | None = None):
+        """``x``'s leading (stage) dim on the stage axis, its ``replica_dim`` (a
+        microbatch's slices) on the replica axes, its other dims left free."""
+        spec = [self.setting.axis] + [PartitionSpec.UNCONSTRAINED] * (x.ndim - 1)
+        if replica_dim is not None and self.setting.replicas > 1:
+            spec[replica_dim] = self.setting.replica_axes
+        return lax.with_sharding_constraint(x, NamedSharding(self.mesh, PartitionSpec(*spec)))
+
+    def to_slices(self, x):
+        """[B, ...] -> [M, B / M, ...], or with R replicas [M, R, B / (M R), ...]: slice r
+        of every microbatch holds rows that a split of B over the replica axes already
+        places on replica r, so slicing moves no data."""
+        m, r = self.setting.microbatches, self.setting.replicas
+        if r == 1:
+            return to_microbatches(x, m)
+        rows = x.shape[0] // (m * r)
+        return jnp.swapaxes(x.reshape((r, m, rows) + x.shape[1:]), 0, 1)
+
+    def from_slices(self, x, shape):
+        """``to_slices`` undone: [M, (R,) rows, ...] -> ``shape``."""
+        if self.setting.replicas > 1:
+            x = jnp.swapaxes(x, 0, 1)
+        return x.reshape(shape)
 
     def stage_local(self, xs) -> list:
         """Inside the stage step (``vmap``-ed with ``spmd_axis_name``, which puts the stage
@@ -317,13 +350,22 @@ class Interpreter:
         split = [a.aval.shape != b.aval.shape
                  for a, b in zip(eqn.invars, self.micro_target.invars)]
 
+        r = self.setting.replicas
+        lead = (m,) if r == 1 else (m, r)   # a microbatch's slices: one, or R replicas'
         # the microbatch travels with its batch-shaped constants (a mask); others stay put
         riding = [k for k in range(nc) if split[k]]
         fixed = [k for k in range(nc) if k not in riding]
-        carried = [to_microbatches(c, m) if split[nc + k] else
-                   jnp.broadcast_to(c, (m,) + jnp.shape(c)) for k, c in enumerate(init)]
-        travel = carried + [to_microbatches(consts[k], m) for k in riding]
+        carried = [self.to_slices(c) if split[nc + k] else
+                   jnp.broadcast_to(c, lead + jnp.shape(c)) for k, c in enumerate(init)]
+        travel = carried + [self.to_slices(consts[k]) for k in riding]
         stage_xs = [self.stage_layers(x, length) for x in xs]
+        if r > 1:
+            # one copy of each stage's layers a replica, made before the loop: the
+            # backward pass accumulates each replica's gradient on its own devices and
+            # sums the copies once, after the loop (where a gradient of one copy read by
+            # every replica would be reduced over them in every iteration)
+            stage_xs = [self.constrain_stages(jnp.broadcast_to(x[:, None], (s, r) + x.shape[1:]),
+                                              1) for x in stage_xs]
 
         def stage_step(state, stage_layers, repeat):
             """One stage's layers of its repeat on the microbatch it holds."""
@@ -355,30 +397,33 @@ class Interpreter:
         # 0 takes slot t mod M of its store, and each stage writes what the shift brought
         # it into its own store; stage 0's store keeps the last stage's results for their
         # next repeat, and after the loop holds the outputs
-        store = [self.constrain_stages(jnp.broadcast_to(x, (s,) + x.shape)) for x in travel]
-        buffer = [self.constrain_stages(jnp.zeros((s,) + t.shape[1:], t.dtype))
+        store = [self.constrain_stages(jnp.broadcast_to(x, (s,) + x.shape), 2)
+                 for x in travel]
+        buffer = [self.constrain_stages(jnp.zeros((s,) + t.shape[1:], t.dtype), 1)
                   for t in travel]
         stage_ids = jnp.arange(s)
+        run_stage = stage_step if r == 1 else jax.vmap(
+            stage_step, in_axes=(0, 0, None), spmd_axis_name=self.setting.replica_axes)
 
         def step(loop, t):
             buffer, store = loop
             # constrained where read and written, so that the backward pass accumulates
             # their cotangents split over stages too
-            entering = [lax.dynamic_index_in_dim(self.constrain_stages(q), t % m, 1,
+            entering = [lax.dynamic_index_in_dim(self.constrain_stages(q, 2), t % m, 1,
                                                  keepdims=False) for q in store]
-            buffer = [self.constrain_stages(jnp.where(first_stage(stage_ids, b.ndim), e, b))
+            buffer = [self.constrain_stages(jnp.where(first_stage(stage_ids, b.ndim), e, b), 1)
                       for b, e in zip(buffer, entering)]
             repeats = jnp.clip((t - stage_ids) // m, 0, v - 1)
-            done = jax.vmap(stage_step, spmd_axis_name=self.setting.axis)(
+            done = jax.vmap(run_stage, spmd_axis_name=self.setting.axis)(
                 buffer, stage_xs, repeats)
-            shifted = [self.constrain_stages(stage_shift(self.constrain_stages(d)))
+            shifted = [self.constrain_stages(stage_shift(self.constrain_stages(d, 1)), 1)
                        for d in done]
             # what left the last stage at pass t - S + 1 goes to its microbatch's slot;
             # before step S - 1 the idle result lands in slot 0, which microbatch 0 has
             # left and its first result overwrites: no select over the slots
             out_index = jnp.maximum(t - (s - 1), 0) % m
             store = [self.constrain_stages(lax.dynamic_update_slice_in_dim(
-                self.constrain_stages(q), d[:, None], out_index, 1))
+                self.constrain_stages(q, 2), d[:, None], out_index, 1), 2)
                 for q, d in zip(store, shifted)]
             return (shifted, store), None
 
@@ -391,9 +436,10 @@ class Interpreter:
         finals = []
         for k, (c, out) in enumerate(zip(init, outputs)):
             if split[nc + k]:
-                finals.append(out.reshape(jnp.shape(c)))
-            else:   # a per-microbatch accumulator (an auxiliary loss): their mean
-                finals.append((c + jnp.mean(out - c, axis=0)).astype(out.dtype))
+                finals.append(self.from_slices(out, jnp.shape(c)))
+            else:   # a per-slice accumulator (an auxiliary loss): their mean
+                finals.append((c + jnp.mean(out - c, axis=tuple(range(len(lead)))))
+                              .astype(out.dtype))
         return finals
 
 
@@ -406,18 +452,21 @@ def to_microbatches(x, m: int):
     return x.reshape((m, x.shape[0] // m) + x.shape[1:])
 
 
-def constraint_pins(graph, axis: str) -> dict:
+def constraint_pins(graph, setting: Pipelining) -> dict:
     """Pins for the planner: each ``with_sharding_constraint`` the pipeline wrote (a stage
-    dim on ``axis``, wherever ``vmap`` put it; other dims free) keeps its stage dim
-    there."""
+    dim on ``setting.axis``, wherever ``vmap`` put it, and a microbatch's slice dim on its
+    replica axes; other dims free) keeps those dims there."""
+    kept = {(setting.axis,)} | ({tuple(setting.replica_axes)} if setting.replicas > 1
+                                else set())
     pins = {}
     for node in graph.nodes:
         sharding = node.params.get("sharding") if node.primitive == "sharding_constraint" \
             else None
-        pspec = tuple(getattr(sharding, "spec", None) or ())
-        if axis not in pspec:
+        entries = [(e,) if isinstance(e, str) else tuple(e) if isinstance(e, tuple) else None
+                   for e in (getattr(sharding, "spec", None) or ())]
+        if (setting.axis,) not in entries:
             continue
         rank = len(graph.values[node.outputs[0]].shape)
-        pins[node.id] = tuple((axis,) if d == pspec.index(axis) else None
+        pins[node.id] = tuple(entries[d] if d < len(entries) and entries[d] in kept else None
                               for d in range(rank))
     return pins

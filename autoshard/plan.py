@@ -524,7 +524,8 @@ class Plan:
             from autoshard.accumulate import Microbatching
             from autoshard.pipeline import Pipelining
             m = d["microbatching"]
-            staged = Pipelining(**m["pipeline"]) if m.get("pipeline") else None
+            staged = Pipelining(**{**m["pipeline"], "replica_axes": tuple(
+                m["pipeline"].get("replica_axes", ()))}) if m.get("pipeline") else None
             plan_.microbatching = Microbatching(m["microbatches"], tuple(m["replica_axes"]),
                                                 m["replicas"], staged, m.get("remat"))
         return plan_

@@ -211,7 +211,8 @@ def plan_with_pipeline(search: Search):
     each, in ``options.microbatches`` microbatches (``"auto"`` or ``None``: S, 2S and 4S
     for S stages), each passing the stages ``options.repeats`` times (1: GPipe; V >= 2:
     the circular schedule; ``"auto"``, and ``None`` under ``pipeline="auto"``: GPipe and
-    every power of two V dividing L / S). The fastest plan within the budget wins; where
+    every power of two V dividing L / S), each microbatch whole or split over the other
+    axes inside the stages (``replica_splits``). The fastest plan within the budget wins; where
     no pipeline fits, the step accumulates gradients over K = 2, 4, ... pipelined steps of
     B / K rows each (the fewest that fit)."""
     pipeline, sizes = search.options.pipeline, search.sizes
@@ -252,10 +253,23 @@ def circular_repeats(layers: int, stages: int, microbatches: int) -> list[int]:
             if per_stage % v == 0]
 
 
-def pipelining(axis: str, stages: int, microbatches: int, repeats: int) -> Pipelining:
-    """GPipe (one repeat) or the circular schedule (``repeats`` >= 2)."""
+def pipelining(axis: str, stages: int, microbatches: int, repeats: int,
+               replica_axes: tuple[str, ...] = (), sizes: dict | None = None) -> Pipelining:
+    """GPipe (one repeat) or the circular schedule (``repeats`` >= 2), each microbatch
+    split over ``replica_axes`` (of ``sizes``) or whole."""
+    replicas = int(np.prod([sizes[a] for a in replica_axes], dtype=int)) if replica_axes \
+        else 1
     return Pipelining(axis, stages, microbatches, schedule="gpipe" if repeats == 1 else
-                      "circular", repeats=repeats)
+                      "circular", repeats=repeats, replica_axes=tuple(replica_axes),
+                      replicas=replicas)
+
+
+def replica_splits(axis: str, sizes: dict) -> list[tuple[str, ...]]:
+    """How to split each microbatch inside a stage over ``axis``: whole (the planner
+    places its rows), or over every other axis (data parallel inside the stage, each
+    slice's gradient reduced once after the loop)."""
+    others = tuple(a for a in sizes if a != axis and sizes[a] > 1)
+    return [(), others] if others else [()]
 
 
 def fastest_pipeline(search: Search, axes, steps: int, failure, strict: bool, repeats=1,
@@ -274,13 +288,14 @@ def fastest_pipeline(search: Search, axes, steps: int, failure, strict: bool, re
         stages = sizes[axis]
         counts = ([int(microbatches)] if microbatches not in (None, "auto")
                   else [stages, 2 * stages, 4 * stages])
-        for count, policy in [(c, r) for c in counts
-                              for r in remat_choices(search.options.remat)]:
+        for count, policy, split in [(c, r, a) for c in counts
+                                     for r in remat_choices(search.options.remat)
+                                     for a in replica_splits(axis, sizes)]:
             laps = [1 if repeats == "auto" else int(repeats)]
             while laps:
                 record = TraceRecord()
                 setting = Microbatching(steps, pipeline=pipelining(axis, stages, count,
-                                                                   laps.pop(0)),
+                                                                   laps.pop(0), split, sizes),
                                         remat=policy)
                 started, outcome = time.perf_counter(), "fits"
                 to_beat = _seconds(best) if beat is None else min(beat, _seconds(best) or beat)
@@ -294,8 +309,8 @@ def fastest_pipeline(search: Search, axes, steps: int, failure, strict: bool, re
                     candidate, divided = None, True
                     outcome = f"cannot beat {to_beat:.6g} s: at least {e.lower_bound:.6g} s"
                 except InputError:
-                    if not strict or len(counts) > 1:
-                        continue   # no stack these stages and microbatches divide
+                    if not strict or len(counts) > 1 or split:
+                        continue   # no stack these stages and microbatch slices divide
                     raise
                 layers = record.stack_layers[0] if record.stack_layers else 0
                 if trail is not None:
@@ -318,7 +333,8 @@ def pipeline_trail(setting: Microbatching, layers: int, outcome: str, found,
     """A pipelined setting tried, as ``plan.solver["settings"]`` lists settings."""
     staged = dataclasses.replace(setting.pipeline, layers=layers)
     return {"setting": f"{describe(setting)}; {staged.describe()}", "outcome": outcome,
-            "microbatches": setting.microbatches, "replica_axes": [],
+            "microbatches": setting.microbatches,
+            "replica_axes": list(staged.replica_axes),
             "remat": setting.remat, "pipeline": staged.axis, "schedule": staged.schedule,
             "repeats": staged.repeats, "pipeline_microbatches": staged.microbatches,
             "step_s": None if found is None else found.cost.total_s, "plan_s": plan_s}

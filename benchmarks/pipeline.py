@@ -6,7 +6,8 @@ inside a node). The auto plan with a pipeline allowed (``pipeline="auto"``,
 ``microbatches="auto"``) is compiled beside every expert plan (data parallel, FSDP,
 Megatron, FSDP x TP) and each compiled program is priced by ``autoshard.hlo_report`` with
 the same hardware, beside the pipelines over 'data' with the GPipe schedule and with the
-circular one forced (V = 2, 4 repeats; M chosen). It prints the compute-only bound, the
+circular one forced (V = 2, 4 repeats; M chosen), and the GPipe one with each microbatch
+split over 'model' inside the stages forced. It prints the compute-only bound, the
 bubble, the stage transfers and where the rest goes.
 
 Part 2 (``--part 70b``): a LLaMA-3-70B-shaped step (80 layers, d_model 8192, FFN 28672,
@@ -76,6 +77,16 @@ def gpt_part(args) -> None:
     for v in (2, 4):
         if (cfg.layers // mesh.shape["data"]) % v == 0:
             plans[f"circular V={v}"] = planned(pipeline="data", microbatches="auto", repeats=v)
+    # the same pipeline with each microbatch split over 'model' inside the stages (data
+    # parallel there, gradients reduced once after the loop), forced by narrowing the
+    # search to that split
+    from autoshard import settings
+    weighed = settings.replica_splits
+    settings.replica_splits = lambda axis, sizes: [("model",)]
+    try:
+        plans["pipeline (slices)"] = planned(pipeline="data", microbatches="auto")
+    finally:
+        settings.replica_splits = weighed
     auto, plan_s = timed(lambda: planned(pipeline="auto", microbatches="auto"))
     plans["auto"] = auto
     reports = {name: compiled(plan) for name, plan in plans.items()}
@@ -101,9 +112,10 @@ def gpt_part(args) -> None:
     for tried in auto.solver.get("settings", []):
         if "schedule" in tried:
             step = f"{tried['step_s'] * 1e3:.2f} ms" if tried["step_s"] is not None else ""
+            split = ",".join(tried["replica_axes"]) or "whole"
             print(f"  {tried['pipeline']:6} {tried['schedule']:9} "
-                  f"M={tried['pipeline_microbatches']:<3}V={tried['repeats']:<2} {step:>10}  "
-                  f"{tried['outcome']}")
+                  f"M={tried['pipeline_microbatches']:<3}V={tried['repeats']:<2} "
+                  f"slices {split:6} {step:>10}  {tried['outcome']}")
     for name, plan in plans.items():
         if plan.pipeline:
             print(f"\n{name}: {plan.pipeline.describe()}")

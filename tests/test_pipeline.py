@@ -340,6 +340,34 @@ def assert_only_the_shift_crosses_stages(plan_, args):
                            for c in in_loop), in_loop
 
 
+def test_microbatch_slices_inside_stages_reduce_gradients_once(stack_args, mesh_2d,
+                                                                monkeypatch):
+    # each microbatch split over 'model' inside the stages over 'data' (data parallel
+    # inside a stage): the stage's layers are broadcast to one copy a slice before the
+    # loop, so that each slice's gradient accumulates on its own devices and no collective
+    # over 'model' runs inside the loop; the step matches one device, and round-trips
+    from autoshard import settings
+    expected = jax.jit(stack_step)(*stack_args)
+    monkeypatch.setattr(settings, "replica_splits", lambda axis, sizes: [("model",)])
+    plan_ = plan_stack(stack_args, mesh_2d, pipeline="data", microbatches=4)
+    staged = plan_.pipeline
+    assert (staged.replica_axes, staged.replicas, staged.microbatches) == (("model",), 4, 4)
+    assert_matches(plan_.jit()(*stack_args), expected)
+    assert_only_the_shift_crosses_stages(plan_, stack_args)
+    report = compiled_report(plan_, stack_args)
+    assert not [c for c in report.collectives if "model" in c.axes and c.count > 1]
+    assert "4 microbatches (each in 4 slices over model)" in plan_.summary_text()
+    loaded = autoshard.Plan.from_json(plan_.to_json(), mesh_2d).bind(stack_step, *stack_args)
+    assert loaded.pipeline == staged
+    assert_matches(loaded.jit()(*stack_args), expected)
+
+
+def test_pipelines_weigh_microbatches_whole_and_split_inside_stages(stack_args, mesh_2d):
+    plan_ = plan_stack(stack_args, mesh_2d, pipeline="data", microbatches=4)
+    splits = {tuple(t["replica_axes"]) for t in plan_.solver["settings"]}
+    assert splits == {(), ("model",)}
+
+
 def test_forced_circular_pipeline_matches_single_device(stack_args, mesh_2d):
     expected = jax.jit(stack_step)(*stack_args)
     plan_ = plan_stack(stack_args, mesh_2d, pipeline="data", microbatches=4, repeats=2)
