@@ -21,7 +21,8 @@ from autoshard.rules import RULES, Einsum, rule_for
 from autoshard.rules.replicated import REPLICATED
 from autoshard.specs import Spec
 from autoshard.xla import (collective_widening, contraction, materialized_values,
-                           stored_widening, trailing_nodes, transposed_operands, widening)
+                           moves_no_data, stored_widening, trailing_nodes,
+                           transposed_operands, transposes_dot_result, widening)
 
 REPLICATED_BELOW_ELEMENTS = 1024   # arrays this small are kept whole
 MAX_STRATEGIES = 96
@@ -108,6 +109,8 @@ class _Context:
     # read from or written to memory (``xla.stored_widening``; 1: its own width)
     materialized: tuple
     backend: Backend               # which collectives combine, the width they move
+    # a transpose its producing dot computes (``xla.transposes_dot_result``)
+    dot_transposed: bool = False
 
 
 def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, ctx) -> list[Strategy]:
@@ -132,6 +135,9 @@ def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, ctx) -
                        + sum(b for b, m in zip(stored_in, materialized[0]) if m))
         else:
             touched = sum(stored_in) + sum(stored_out)
+        if ((ctx.dot_transposed or moves_no_data(node, in_specs, axis_sizes))
+                and materialized[0][0] and materialized[1][0]):
+            touched = 0.0   # its result is its operand's buffer: nothing moves
         compute_s = (hw.compute_seconds(flops, touched) + layout_copy_seconds(
             stored_in, transposed, hw)) * node.weight
         if node.kind in ("output", "boundary"):
@@ -416,11 +422,13 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
         writes = tuple(stored[v.id] if materialized[v.id] else 0.0 for v in out_values)
         whole = (tuple(v is not None and unsplit[v] for v in node.operands),
                  tuple(unsplit[v.id] for v in out_values))
-        key = (signatures[node.id], reads, writes, trailing[node.id], pins.get(node.id), whole)
+        dot_transposed = transposes_dot_result(graph, node)
+        key = (signatures[node.id], reads, writes, trailing[node.id], pins.get(node.id), whole,
+               dot_transposed)
         if key not in known:
             known[key] = tuple(node_strategies(node, einsum, out_values, pins.get(node.id),
                                                _Context(axis_sizes, hw, (reads, writes),
-                                                        backend),
+                                                        backend, dot_transposed),
                                                 whole))
         all_strategies.append(known[key])
     numbers = {}   # every tuple is alive here, so its id names it

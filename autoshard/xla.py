@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from autoshard.graph import Graph, Node
+from autoshard.specs import dim_shards
 
 if TYPE_CHECKING:
     from autoshard.strategies import Strategy
@@ -129,6 +130,40 @@ def transposed_operands(node: Node) -> tuple[bool, ...]:
     transposed = TRANSPOSED_OPERANDS.get(node.primitive)
     return tuple(transposed is not None and v is not None and transposed(node, i)
                  for i, v in enumerate(node.operands))
+
+
+def moves_no_data(node, in_specs, axis_sizes) -> bool:
+    """Whether a transpose, on one device's shard (``in_specs[0]``), only moves dims of one
+    element: then its dims of more than one keep their order, and XLA's algebraic
+    simplifier makes it a bitcast of its operand. A stage-sharded stack
+    [layers, stages, ...] read as [stages, layers, ...] on one stage's devices is one."""
+    if node.primitive != "transpose":
+        return False
+    shape, spec = node.operand_shapes[0], in_specs[0] or ((),) * len(node.operand_shapes[0])
+    local = [n // dim_shards(axes, axis_sizes) for n, axes in zip(shape, spec)]
+    kept = [d for d in node.params["permutation"] if local[d] > 1]
+    return kept == sorted(kept)
+
+
+def transposes_dot_result(graph: Graph, node: Node) -> bool:
+    """Whether ``node`` transposes a dot's result [batch, lhs free, rhs free] to [batch,
+    rhs free, lhs free], the dot read by nothing else: XLA's algebraic simplifier computes
+    the dot with its operands swapped instead, writing the transposed result. JAX's
+    gradient of ``x @ w`` with respect to ``w`` is such a pair."""
+    if node.primitive != "transpose" or node.operands[0] is None:
+        return False
+    value = graph.values[node.operands[0]]
+    dot = graph.nodes[value.producer]
+    if (dot.primitive != "dot_general" or len(graph.users[value.id]) != 1
+            or value.id in graph.outputs):
+        return False
+    (lc, rc), (lb, _) = dot.params["dimension_numbers"]
+    nb = len(lb)
+    lhs_free = len(dot.operand_shapes[0]) - len(lc) - nb
+    rhs_free = len(dot.operand_shapes[1]) - len(rc) - nb
+    swapped = [*range(nb), *range(nb + lhs_free, nb + lhs_free + rhs_free),
+               *range(nb, nb + lhs_free)]
+    return list(node.params["permutation"]) == swapped
 
 
 # -- fusion: which values XLA keeps in memory ------------------------------------------
