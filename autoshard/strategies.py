@@ -193,8 +193,11 @@ def layout_copy_seconds(in_bytes_each, copied: Sequence[bool], hw: Hardware) -> 
 def slice_copy_seconds(node: Node, out_shapes, in_bytes_each, out_bytes, hw: Hardware) -> float:
     """What a seam costs on one device. A scan copies each iteration's xs slice out of
     its stack (dynamic-slice) and its ys slice into its stack (dynamic-update-slice),
-    reading and writing the slice; the ys stack is zero-filled once before the loop.
-    Other seams hand a buffer over: the value's producer already wrote it."""
+    reading and writing the slice; the ys stack is zero-filled once before the loop. A
+    scan unrolled whole stacks nothing: its readers read each iteration's result. Other
+    seams hand a buffer over: the value's producer already wrote it."""
+    if node.params.get("unrolled"):
+        return 0.0
     if node.primitive == "loop_xs":
         length, slice_bytes, copies = node.operand_shapes[0][0], out_bytes[0], 2
     elif node.primitive == "loop_ys":

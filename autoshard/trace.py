@@ -175,9 +175,9 @@ class GraphBuilder:
                              [v.aval for v in eqn.outvars], eqn.params, weight)
 
     def boundary(self, primitive, key, operands, operand_avals, out_avals, weight,
-                 operand_weights=None):
+                 operand_weights=None, params=None):
         return self.new_node("boundary", primitive, key, operands, operand_avals, out_avals,
-                             weight=weight, operand_weights=operand_weights)
+                             params, weight=weight, operand_weights=operand_weights)
 
     def carry_seams(self, key, init, init_avals, body_avals, out_avals, weight,
                     inner_weight) -> tuple[list[int], list[int]]:
@@ -221,10 +221,14 @@ class GraphBuilder:
                                      [body_avals.xs[k]], weight)
         body_out = self.walk(body, body_consts, body_in, ik.body_key(key), inner_weight)
         outs = self.close_carries(carry_nodes, body_out)
+        # a scan unrolled whole is straight-line code to XLA (its one-trip loop is
+        # inlined): its ys are the iterations' results, stacked by no loop
+        unrolled = {"unrolled": True} if p["unroll"] >= p["length"] else None
         for k, value in enumerate(body_out[ncarry:]):
             outs += self.boundary("loop_ys", ik.ys_key(key, k), [value],
                                   [body.outvars[ncarry + k].aval],
-                                  [eqn.outvars[ncarry + k].aval], weight, [inner_weight])
+                                  [eqn.outvars[ncarry + k].aval], weight, [inner_weight],
+                                  unrolled)
         return outs
 
     def while_loop(self, eqn, ins, key, weight):

@@ -189,6 +189,9 @@ def materialized_values(graph: Graph, einsums) -> list[bool]:
 
     def seam(node_id):
         return graph.nodes[node_id].kind == "boundary"
+
+    def stacked_by_a_loop(node_id):   # a seam an unrolled scan's results pass freely
+        return seam(node_id) and not graph.nodes[node_id].params.get("unrolled")
     flags = []
     for value in graph.values:
         if folded_into_dots(graph, value):
@@ -200,7 +203,8 @@ def materialized_values(graph: Graph, einsums) -> list[bool]:
             flags.append(True)
             continue
         users = {u for u, _ in graph.users[value.id]}
-        flags.append(any(einsums[u] is None or not einsums[u].fusible or seam(u) for u in users)
+        flags.append(any(einsums[u] is None or not einsums[u].fusible or stacked_by_a_loop(u)
+                         for u in users)
                      or expensive(einsums[value.producer]) and len(users) > 1)
     feeds, statistics = feeds_reductions(graph, einsums), statistics_of(graph, einsums)
     squared = feeds_reductions(graph, einsums, unary_only=True)
