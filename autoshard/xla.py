@@ -181,8 +181,9 @@ def materialized_values(graph: Graph, einsums) -> list[bool]:
     """Which values XLA keeps in memory: not those fused between elementwise ops.
 
     Transposes read only by dots are not (``folded_into_dots``). Values crossing a loop
-    or branch seam are in memory: the loop state, and the slices
-    a body reads from stacked xs or writes into stacked ys, every iteration. So are the
+    or branch seam are in memory: the loop state, and the slices a body reads from
+    stacked xs or writes into stacked ys, every iteration (a scan unrolled whole stacks
+    nothing: its ys are read where the body wrote them, in memory or not). So are the
     results of expensive ops read by several nodes (XLA computes them once), and what a
     reduction does not fuse (``kept_from_reduction``)."""
     outputs = set(v for v in graph.outputs if v is not None)
