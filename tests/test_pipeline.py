@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import autoshard
+from autoshard import specs
 from autoshard.hlo_report import hlo_report
 
 D_MODEL, FFN, ROWS, LAYERS = 128, 512, 16384, 3
@@ -471,11 +472,15 @@ def test_schedule_view_shows_the_bubble():
 # -- rematerialization ---------------------------------------------------------------------
 
 def test_remat_trades_recompute_for_memory_and_matches(stack_args, mesh_1d):
-    """Saving only dot outputs, then nothing, keeps less for the backward pass (predicted
-    and compiled) and recomputes more (compiled FLOPs)."""
+    """Under one layout (the arguments split as the plan without remat splits them),
+    saving only dot outputs, then nothing, keeps less for the backward pass (predicted
+    and compiled) and recomputes more (compiled FLOPs). Left free, a policy may pick
+    another layout: nothing saved, this one is data parallel, faster and bigger."""
     expected = jax.jit(stack_step)(*stack_args)
-    plans = [plan_stack(stack_args, mesh_1d, **({"remat": r} if r else {}))
-             for r in (None, "dots_saveable", "nothing_saveable")]
+    base = plan_stack(stack_args, mesh_1d)
+    pins = {a.path: specs.to_partition_spec(a.spec) for a in base.arguments}
+    plans = [base] + [plan_stack(stack_args, mesh_1d, remat=r, pins=pins)
+                      for r in ("dots_saveable", "nothing_saveable")]
     reports = [compiled_report(p, stack_args) for p in plans]
     for p in plans:
         assert_matches(p.jit()(*stack_args), expected)
