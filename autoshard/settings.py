@@ -19,13 +19,12 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING, Callable
 
-import numpy as np
-
 from autoshard.accumulate import Microbatching, TraceRecord, microbatching
 from autoshard.errors import InputError, MemoryBudgetError
 from autoshard.options import PlanOptions
 from autoshard.pipeline import Pipelining
 from autoshard.solve import CannotBeat
+from autoshard.specs import dim_shards
 from autoshard.units import axis_sizes
 
 if TYPE_CHECKING:
@@ -125,7 +124,7 @@ def plan_with_microbatches(search: Search):
     for k in counts:
         found, outpaced, rejected = None, False, False
         for axes in candidates:
-            replicas = int(np.prod([sizes[a] for a in axes], dtype=int))
+            replicas = dim_shards(axes, sizes)
             if size % (k * replicas):
                 continue
             for policy in remats:
@@ -257,11 +256,9 @@ def pipelining(axis: str, stages: int, microbatches: int, repeats: int,
                replica_axes: tuple[str, ...] = (), sizes: dict | None = None) -> Pipelining:
     """GPipe (one repeat) or the circular schedule (``repeats`` >= 2), each microbatch
     split over ``replica_axes`` (of ``sizes``) or whole."""
-    replicas = int(np.prod([sizes[a] for a in replica_axes], dtype=int)) if replica_axes \
-        else 1
     return Pipelining(axis, stages, microbatches, schedule="gpipe" if repeats == 1 else
                       "circular", repeats=repeats, replica_axes=tuple(replica_axes),
-                      replicas=replicas)
+                      replicas=dim_shards(replica_axes, sizes or {}))
 
 
 def replica_splits(axis: str, sizes: dict) -> list[tuple[str, ...]]:

@@ -482,7 +482,8 @@ def test_remat_trades_recompute_for_memory_and_matches(stack_args, mesh_1d):
     plans = [base] + [plan_stack(stack_args, mesh_1d, remat=r, pins=pins)
                       for r in ("dots_saveable", "nothing_saveable")]
     reports = [compiled_report(p, stack_args) for p in plans]
-    for p in plans:
+    free = plan_stack(stack_args, mesh_1d, remat="nothing_saveable")
+    for p in plans + [free]:
         assert_matches(p.jit()(*stack_args), expected)
     assert plans[0].microbatching is None
     assert [p.microbatching.remat for p in plans[1:]] == ["dots_saveable", "nothing_saveable"]
