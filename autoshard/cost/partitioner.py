@@ -75,7 +75,14 @@ class Tiling:
 
 def tiling(spec: Spec, axis_sizes: Mapping[str, int]) -> Tiling:
     """The tile assignment JAX gives ``spec`` on a mesh of ``axis_sizes`` (in mesh order,
-    devices numbered row-major): each dim's axes in order, the unused axes replicated."""
+    devices numbered row-major): each dim's axes in order, the unused axes replicated.
+    Kept per spec and mesh; its devices are read-only, as every way reads them."""
+    return _tiling_on(tuple(spec), tuple(axis_sizes.items()))
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _tiling_on(spec: Spec, axes: tuple[tuple[str, int], ...]) -> Tiling:
+    axis_sizes = dict(axes)
     names = list(axis_sizes)
     mesh = np.arange(math.prod(axis_sizes.values())).reshape([axis_sizes[a] for a in names])
     used = [a for axes in spec for a in axes]
@@ -84,6 +91,7 @@ def tiling(spec: Spec, axis_sizes: Mapping[str, int]) -> Tiling:
     counts = [specs.dim_shards(axes, axis_sizes) for axes in spec]
     replicas = math.prod(axis_sizes[a] for a in unused)
     devices = mesh.transpose(order).reshape(counts + ([replicas] if replicas > 1 else []))
+    devices.flags.writeable = False
     return _normal(Tiling(devices, replicas > 1))
 
 
@@ -104,6 +112,7 @@ class Step:
     num_bytes: float
     gathered_dim: int | None = None      # an all-gather's dim
     local_shape: tuple[int, ...] = ()    # an all-gather's input shard
+    axes: tuple[str, ...] = ()           # the mesh axes its groups span (``group_axes``)
 
 
 class _Failed(Exception):
@@ -451,17 +460,18 @@ def all_to_all_tiling(t: Tiling, sources, targets) -> Tiling:
 
 
 def _a2a_groups(temp: Tiling, group_size_at: Mapping[int, int]):
-    """The all-to-all's device groups, in ``temp``'s order."""
-    groups: dict[int, list[int]] = {}
-    for index in np.ndindex(temp.devices.shape):
-        gid = 0
-        for d, k in enumerate(index):
-            if d in group_size_at:
-                gid = gid * (temp.dim(d) // group_size_at[d]) + k // group_size_at[d]
-            else:
-                gid = gid * temp.dim(d) + k
-        groups.setdefault(gid, []).append(int(temp.devices[index]))
-    return tuple(tuple(g) for _, g in sorted(groups.items()))
+    """The all-to-all's device groups, in ``temp``'s order: devices whose indices agree
+    but for dims ``d`` of ``group_size_at`` within blocks of ``group_size_at[d]``, groups
+    ordered by those indices (block numbers where grouped), members in row-major order."""
+    shape = temp.devices.shape
+    index = np.indices(shape).reshape(len(shape), -1)
+    gid = np.zeros(index.shape[1], dtype=np.int64)
+    for d, n in enumerate(shape):
+        g = group_size_at.get(d)
+        gid = gid * (n // g) + index[d] // g if g else gid * n + index[d]
+    order = np.argsort(gid, kind="stable")
+    members = temp.devices.ravel()[order].reshape(-1, temp.devices.size // (gid.max() + 1))
+    return tuple(tuple(g) for g in members.tolist())
 
 
 def compatible_partial(partial: Tiling, target: Tiling) -> Tiling | None:
@@ -496,21 +506,19 @@ def compatible_partial(partial: Tiling, target: Tiling) -> Tiling | None:
     return Tiling(devices, target.partial)
 
 
-def _tile_of(t: Tiling) -> dict[int, tuple[int, ...]]:
-    return {int(t.devices[i]): i[:t.rank] for i in np.ndindex(t.devices.shape)}
+def _tile_of(t: Tiling) -> np.ndarray:
+    """Per device id, the index of its tile ([devices, rank])."""
+    index = np.indices(t.devices.shape).reshape(t.devices.ndim, -1)[:t.rank]
+    tiles = np.empty((t.devices.size, t.rank), dtype=np.int64)
+    tiles[t.devices.ravel()] = index.T
+    return tiles
 
 
 def _is_subtiling(sub: Tiling, t: Tiling) -> bool:
     """Whether each device's tile of ``sub`` lies inside its tile of ``t`` (on a shape of
     ``sub``'s counts)."""
-    tiles = _tile_of(t)
-    for device, index in _tile_of(sub).items():
-        outer = tiles[device]
-        for d, k in enumerate(index):
-            per = sub.dim(d) // t.dim(d)
-            if k // per != outer[d]:
-                return False
-    return True
+    per = np.array([sub.dim(d) // t.dim(d) for d in range(sub.rank)], dtype=np.int64)
+    return bool((_tile_of(sub) // per == _tile_of(t)[:, :sub.rank]).all())
 
 
 def merge_or_split(shape, src: Tiling, dst: Tiling):
@@ -611,14 +619,14 @@ def ungroup(inner: Tiling, groups, like: Tiling, dims) -> Tiling:
     """``UngroupSharding``: the grouped dims put back at ``like``'s counts, each group
     holding ``inner``'s layout on its own devices (position for position with the first
     group)."""
-    first = {d: k for k, d in enumerate(groups[0])}
+    members = np.asarray(groups)
+    position = np.zeros(members.max() + 1, dtype=np.int64)
+    position[members[0]] = np.arange(members.shape[1])
     shape = [like.dim(d) if d in dims else n for d, n in enumerate(inner.devices.shape)]
-    out = np.empty(shape, dtype=inner.devices.dtype)
-    lead = [like.dim(d) for d in dims]
-    for index in np.ndindex(*shape):
-        g = int(np.ravel_multi_index([index[d] for d in dims], lead))
-        at = tuple(0 if d in dims else k for d, k in enumerate(index))
-        out[index] = groups[g][first[int(inner.devices[at])]]
+    index = np.indices(shape)
+    group = np.ravel_multi_index([index[d] for d in dims], [like.dim(d) for d in dims])
+    at = tuple(np.zeros_like(index[d]) if d in dims else index[d] for d in range(len(shape)))
+    out = members[group, position[inner.devices[at]]].astype(inner.devices.dtype)
     return Tiling(out, inner.partial)
 
 
@@ -634,7 +642,8 @@ def reshard_steps(shape: Sequence[int], itemsize: float, src: Spec, dst: Spec,
         p.steps.clear()
         if not source.replicated:
             p.gather(source, range(source.rank), tuple(shape))
-    return tuple(p.steps)
+    return tuple(dataclasses.replace(step, axes=group_axes(step.groups, axis_sizes))
+                 for step in p.steps)
 
 
 def canonical_shape(shape: Sequence[int], axis_sizes: Mapping[str, int]

@@ -44,7 +44,7 @@ def reshard_collectives(shape: Sequence[int], dtype, src: Spec, dst: Spec,
     steps = partitioner.cached_reshard_steps(canonical, 1, src, dst, axis_sizes)
     out, major = [], None
     for step in steps:   # followed on the canonical shape: its bytes scaled to ``shape``'s
-        axes = partitioner.group_axes(step.groups, axis_sizes)
+        axes = step.axes
         bandwidth, size = hw.group_bandwidth(axes), len(step.groups[0])
         num_bytes = step.num_bytes * scale
         if step.kind == "all-gather":
