@@ -348,12 +348,12 @@ def solve_program(program, options: PlanOptions, fingerprint: str, show,
 
     def price(share: bool):
         nonlocal donated
-        cg = build_cost_graph(space, donated, backend.native_reduce_scatter, share)
+        cg = build_cost_graph(space, donated, backend.native_reduce_scatter, share, budget)
         unkept = unkept_donations(cg, donated, user_pinned)
         if unkept:   # not aliased: each such output takes its own buffer
             warn_unaliased(graph, unkept, pinned)
             donated = [pair for pair in donated if pair not in unkept]
-            cg = build_cost_graph(space, donated, backend.native_reduce_scatter, share)
+            cg = build_cost_graph(space, donated, backend.native_reduce_scatter, share, budget)
         return cg, cg.request(budget, options.time_limit_s)
 
     stages = {"trace": traced - started, "cost": enumerated - traced}   # seconds each

@@ -1,10 +1,11 @@
 """bounds: what no plan of a request can go below, known without solving it.
 
 ``memory_floor`` is a lower bound of the peak bytes per device of every choice of a
-``request.Request``: each memory term at the fewest bytes any allowed strategy (or pair of
-strategies) gives it, summed over the terms live together, at the row where that sum is
-largest. No choice holds less in that row, so a floor above the budget proves the budget
-infeasible in one pass over the terms, where the solver needs a run of LPs to give up.
+``request.Request`` (``request.fewest_peak``): each memory term at the fewest bytes any
+allowed strategy (or pair of strategies) gives it, summed over the terms live together,
+at the row where that sum is largest. No choice holds less in that row, so a floor above
+the budget proves the budget infeasible in one pass over the terms, where the solver
+needs a run of LPs to give up.
 
 ``tiebreak_ceiling`` is the most the byte tiebreak (``cost.TIEBREAK_SECONDS_PER_BYTE``)
 adds to any choice's seconds: a solver's bound on the objective, less it, bounds the
@@ -16,14 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from autoshard.cost import TIEBREAK_SECONDS_PER_BYTE
-from autoshard.request import GroupTerm, LiveRows, Request, allowed_mask
-
-
-def term_floors(request: Request) -> np.ndarray:
-    """Per memory term, its fewest bytes under any allowed choice; a shared copy need not
-    be made."""
-    masks = [allowed_mask(request, g) for g in range(len(request.node_costs))]
-    return np.asarray([term.fewest(masks) for term in request.memory_terms], float)
+from autoshard.request import GroupTerm, Request, allowed_mask, fewest_peak
 
 
 def memory_floor(request: Request) -> float:
@@ -32,16 +26,8 @@ def memory_floor(request: Request) -> float:
     Example: two groups whose cheapest strategies hold 3 and 5 bytes, live together,
     have a floor of 8 bytes, whatever the pair their cheapest strategies cost together.
     """
-    floors = term_floors(request)
-    if not len(floors):
-        return 0.0
-    fixed = floors[list(request.fixed_terms)].sum() if len(request.fixed_terms) else 0.0
-    rows = request.memory_rows
-    if isinstance(rows, LiveRows):
-        live = rows.sums(floors) if len(rows) else np.zeros(1)
-    else:
-        live = np.array([floors[list(r)].sum() if r else 0.0 for r in rows] or [0.0])
-    return float(fixed + live.max())
+    masks = [allowed_mask(request, g) for g in range(len(request.node_costs))]
+    return fewest_peak(request.memory_terms, request.fixed_terms, request.memory_rows, masks)
 
 
 def tiebreak_ceiling(request: Request) -> float:

@@ -284,6 +284,22 @@ def peak_memory(request: Request, choice) -> float:
     return float(row_bytes(request, choice).max())
 
 
+def fewest_peak(terms: Sequence[MemoryTerm], fixed_terms: Sequence[int], rows,
+                masks: Sequence[np.ndarray]) -> float:
+    """The fewest bytes the peak of ``terms`` can be, each term at the fewest bytes any
+    strategy ``masks`` allow gives it (a shared copy need not be made): the fixed terms
+    plus the largest row. Terms never hold negative bytes, so dropping terms lowers it."""
+    floors = np.asarray([term.fewest(masks) for term in terms], float)
+    if not len(floors):
+        return 0.0
+    fixed = floors[list(fixed_terms)].sum() if len(fixed_terms) else 0.0
+    if isinstance(rows, LiveRows):
+        live = rows.sums(floors) if len(rows) else np.zeros(1)
+    else:
+        live = np.array([floors[list(r)].sum() if r else 0.0 for r in rows] or [0.0])
+    return float(fixed + live.max())
+
+
 def allowed_mask(request: Request, g: int) -> np.ndarray:
     n = len(request.node_costs[g])
     if g < len(request.allowed) and request.allowed[g] is not None:

@@ -24,9 +24,10 @@ from autoshard.solve import InfeasibleBudget, Result, solve
 
 @dataclasses.dataclass
 class Solved:
-    """The outcome of ``solve_copies``: the last pricing's cost graph and request, its
-    coarsening (None where the memory floor ruled it out), and the solver's ``Result``
-    or the ``InfeasibleBudget`` that ended it; ``floor`` the request's memory floor, and
+    """The outcome of ``solve_copies``: the last pricing's cost graph and request (None
+    where the memory before pricing ruled the budget out), its coarsening (None where
+    the memory floor ruled it out), and the solver's ``Result`` or the
+    ``InfeasibleBudget`` that ended it; ``floor`` the request's memory floor, and
     ``seconds`` the time each stage took ({"cost", "coarsen", "solve"}, summed over the
     pricings)."""
 
@@ -45,7 +46,8 @@ def solve_copies(price: Callable[[bool], tuple[object, Request]], budget: float,
     """The cheapest plan within ``budget``, its shared copies priced as the budget needs.
 
     ``price(share)`` builds the cost graph (``held_per_read`` where some copies are held
-    once per reader) and its request. Without ``share`` first: where no copy is held per
+    once per reader) and its request, or raises ``InfeasibleBudget`` where the memory
+    alone rules the budget out. Without ``share`` first: where no copy is held per
     read, or the unconstrained optimum fits, that is the answer; else the request with
     shared copies is solved under the budget. ``seconds_to_beat``: step seconds of a plan
     the caller has; ``solve.CannotBeat`` where no choice is faster (both pricings give
@@ -56,7 +58,7 @@ def solve_copies(price: Callable[[bool], tuple[object, Request]], budget: float,
         seconds.setdefault(stage, 0.0)
     first = solve_priced(price, False, budget, reuse, seconds_to_beat, show, seconds)
     binds = isinstance(first.result, InfeasibleBudget) or first.result.budget_binds
-    if not (first.cost_graph.held_per_read and binds):
+    if first.cost_graph is None or not (first.cost_graph.held_per_read and binds):
         return first
     return solve_priced(price, True, budget, reuse, seconds_to_beat, show, seconds)
 
@@ -66,7 +68,11 @@ def solve_priced(price, share: bool, budget: float, reuse: bool, seconds_to_beat
     """``solve_copies``'s one pricing, ``share``; the last where no copy is held per read.
     Adds each stage's seconds to ``seconds``."""
     started = time.perf_counter()
-    cg, request = price(share)
+    try:
+        cg, request = price(share)
+    except InfeasibleBudget as e:   # the memory alone rules the budget out: not priced
+        seconds["cost"] += time.perf_counter() - started
+        return Solved(None, None, None, e, e.smallest_bytes, seconds)
     costed = time.perf_counter()
     seconds["cost"] += costed - started
     floor, coarse = memory_floor(request), None

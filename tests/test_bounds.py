@@ -24,6 +24,7 @@ from autoshard.accumulate import Microbatching, microbatching
 from autoshard.bounds import memory_floor, tiebreak_ceiling
 from autoshard.coarsen import coarsen
 from autoshard.cost import build_cost_graph
+from autoshard.cost import graph as cost_graph
 from autoshard.hardware import Backend
 from autoshard.units import axis_sizes
 from autoshard.request import (CopyTerm, GroupTerm, LiveRows, PairTerm, Request,
@@ -96,6 +97,48 @@ def test_solved_plan_holds_at_least_the_floor(program, setting):
     for request, coarse in requests(program, setting):
         solved = solve(coarse)   # no budget: the fastest plan
         assert memory_floor(request) <= memory_floor(coarse) <= solved.memory_bytes
+
+
+@functools.cache
+def floor_before_pricing(program: str, setting: str) -> float:
+    """The floor ``build_cost_graph`` checks a budget against before it prices anything
+    (read off the ``InfeasibleBudget`` a zero budget raises)."""
+    make, shape = PROGRAMS[program]
+    case, mesh = make(), mesh_of(shape)
+    with microbatching(SETTINGS[setting]):
+        graph = build_graph(trace_program(case.train_step, *case.abstract_args()))
+    space = build_strategies(graph, axis_sizes(mesh), autoshard.H100, {}, Backend.of(mesh))
+    with pytest.raises(InfeasibleBudget) as e:
+        build_cost_graph(space, (), Backend.of(mesh).native_reduce_scatter, True,
+                         memory_budget=0.0)
+    return e.value.smallest_bytes
+
+
+@pytest.mark.parametrize("program,setting", CASES)
+def test_floor_before_pricing_is_below_the_floor(program, setting):
+    """Checked before any reshard is priced, without the resharded copies: at most the
+    priced request's floor, for both pricings of shared copies, and most of it (the
+    arguments and the activations are there)."""
+    early = floor_before_pricing(program, setting)
+    for request, _ in requests(program, setting):
+        floor = memory_floor(request)
+        assert 0.5 * floor <= early <= floor * (1 + 1e-12)
+
+
+def test_budget_the_memory_rules_out_is_never_priced(monkeypatch):
+    """Under a budget below the floor before pricing, ``autoshard.plan`` raises
+    ``MemoryBudgetError`` with that floor and never prices the edges and shared copies."""
+    case = models.train_case("gpt_scan", "tiny")
+    early = floor_before_pricing("gpt_scan", "as written")
+
+    def no_price(*_):
+        raise AssertionError("priced a graph the memory rules out")
+    monkeypatch.setattr(cost_graph._Builder, "build_costs", no_price)
+    with pytest.raises(autoshard.MemoryBudgetError, match="every plan holds at least") as e:
+        autoshard.plan(case.train_step, *case.abstract_args(), mesh=mesh_of((2, 4)),
+                       hardware=autoshard.H100, memory_budget=early * 0.99, cache=False,
+                       progress=False)
+    assert e.value.smallest_bytes == early
 
 
 def random_request(rng) -> Request:

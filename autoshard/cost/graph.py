@@ -15,7 +15,8 @@ from autoshard.cost.liveness import Liveness
 from autoshard.cost.reshard import Interner, ReshardPrices
 from autoshard.cost.shared import SharedCopies
 from autoshard.request import (Edge, GroupTerm, LiveRows, MemoryTerm, Request, SecondsParts,
-                               SharedCost, SharedEdgeCost, Tie)
+                               SharedCost, SharedEdgeCost, Tie, fewest_peak)
+from autoshard.solve import InfeasibleBudget
 from autoshard.strategies import StrategySpace
 
 
@@ -167,16 +168,24 @@ TIEBREAK_SECONDS_PER_BYTE = 1e-15
 
 def build_cost_graph(space: StrategySpace, donated: Sequence[tuple[int, int]] = (),
                      native_reduce_scatter: bool = True,
-                     share_held_copies: bool = True) -> CostGraph:
+                     share_held_copies: bool = True,
+                     memory_budget: float | None = None) -> CostGraph:
     """Group followers, then price every group and every edge between groups.
 
     ``donated`` pairs an output index with the argument node whose buffer it reuses.
     ``native_reduce_scatter`` is False for backends whose XLA all-reduces and keeps a
     slice instead (CPU): memory then holds the full reduced result.
     ``share_held_copies`` False counts some copies readers share once per reader (see
-    ``_Builder.shared_copies``): a smaller problem."""
+    ``_Builder.shared_copies``): a smaller problem. Given a ``memory_budget`` that the
+    memory alone rules out (its floor before any reshard is priced is over it), raises
+    ``solve.InfeasibleBudget`` with that floor instead of pricing."""
     builder = _Builder(space, donated, native_reduce_scatter, share_held_copies)
     builder.build_groups()
+    if memory_budget is not None:
+        masks = [np.ones(builder.group_size(g), bool) for g in range(len(builder.groups))]
+        floor = fewest_peak(*builder.memory_before_pricing(), masks)
+        if floor > memory_budget:
+            raise InfeasibleBudget(floor)
     node_costs, node_parts, edges, shared_reshards, sharing = builder.build_costs()
     terms, fixed, rows = builder.build_memory()
     for term in terms:

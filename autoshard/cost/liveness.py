@@ -25,6 +25,15 @@ from autoshard.xla import expensive, loop_scope, spreads, transposed_operands
 POINTER_BYTES = 8
 
 
+def with_rows(terms: tuple, fixed: tuple, spans) -> tuple[tuple, tuple, LiveRows]:
+    """(every term: ``terms`` then the spans', ``fixed``, the rows): a row per point where
+    some span's term dies, holding every term live there (peaks are just before deaths)."""
+    index = range(len(terms), len(terms) + len(spans))
+    rows = LiveRows(index, [first for _, first, _ in spans], [last for _, _, last in spans],
+                    sorted({last for _, _, last in spans}))
+    return terms + tuple(t for t, _, _ in spans), fixed, rows
+
+
 class Liveness:
     """Memory terms and live ranges, for the builder (``graph._Builder``), which holds
     the program; this room keeps its caches."""
@@ -33,6 +42,7 @@ class Liveness:
         self._copies: dict = {}
         self._copy_starts: dict = {}
         self._reductions: dict = {}
+        self._uncopied = None
 
     def value_bytes(self, value_id: int) -> GroupTerm:
         value = self.graph.values[value_id]
@@ -279,6 +289,28 @@ class Liveness:
         """Memory terms (arguments and outputs fixed; temporaries, resharded copies and
         collective buffers each with the range of nodes it is live over), the fixed ones
         among them, and the rows of terms live together."""
+        terms, fixed, spans, from_args, copied = self.uncopied_memory()
+        copies = list(self.reshard_buffers(from_args, copied))
+        spans = [*spans, *(c for c in copies if isinstance(c[0], GroupTerm)),
+                 *(c for c in copies if isinstance(c[0], PairTerm)),
+                 *self.shared_copy_spans(from_args)]
+        return with_rows(terms, fixed, spans)
+
+    def memory_before_pricing(self):
+        """``build_memory``'s terms, fixed terms and rows but the resharded copies, which
+        depend on prices (which copies readers share): every peak they give is at most
+        the priced graph's, so their floor (``request.fewest_peak``) bounds its floor."""
+        terms, fixed, spans, _, _ = self.uncopied_memory()
+        return with_rows(terms, fixed, spans)
+
+    def uncopied_memory(self):
+        """What ``build_memory`` counts before the resharded copies: (the fixed terms'
+        list, their indices, the (term, first node, last node) spans of temporaries,
+        collective buffers and layout copies, per value whether it is read from the
+        arguments, the reads whose copies a layout copy made before them takes over).
+        Computed once per graph."""
+        if self._uncopied is not None:
+            return self._uncopied
         graph = self.graph
         terms: list[MemoryTerm] = []
         fixed = []
@@ -330,16 +362,8 @@ class Liveness:
             spans.append((term, first, max(first, last)))
         spans += self.collective_buffers(last_read)
         spans += self.layout_copies(from_args, transposed)
-        copies = list(self.reshard_buffers(from_args, copied))
-        spans += [c for c in copies if isinstance(c[0], GroupTerm)]
-        spans += [c for c in copies if isinstance(c[0], PairTerm)]
-        spans += list(self.shared_copy_spans(from_args))
-        # a row per point where some term dies, holding everything live there (peaks are
-        # just before deaths)
-        index = range(len(terms), len(terms) + len(spans))
-        rows = LiveRows(index, [first for _, first, _ in spans],
-                        [last for _, _, last in spans], sorted({last for _, _, last in spans}))
-        return tuple(terms) + tuple(t for t, _, _ in spans), tuple(fixed), rows
+        self._uncopied = (tuple(terms), tuple(fixed), tuple(spans), from_args, copied)
+        return self._uncopied
 
     def shared_copy_spans(self, from_args: Sequence[bool]):
         """(term, first node, last node) of every copy readers share:
