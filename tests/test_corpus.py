@@ -24,16 +24,6 @@ from autoshard.hlo_report import hlo_report  # noqa: E402
 
 eqx = pytest.importorskip("equinox")
 
-# Primitives the corpus models emit that have no sharding rule yet, with where they come
-# from. A model whose only replicated fallbacks are these is an expected failure; any
-# other primitive without a rule fails the test.
-PENDING_RULES = {
-    "bitcast_convert_type": "dropout: jax.random.bernoulli's random-bits chain",
-    "reduce_window_max": "max-pooling (flax.linen.max_pool)",
-    "select_and_scatter_add": "the gradient of max-pooling",
-}
-
-
 # ------------------------------------------------------------------ equinox modules
 
 
@@ -175,18 +165,9 @@ def _missing(name):
     return frozenset(corpus.primitives_without_rule(_case(name)))
 
 
-def _xfail_if_only_pending(name, what):
-    missing = _missing(name)
-    if missing and missing <= PENDING_RULES.keys():
-        pytest.xfail(f"{name}: {what}; no sharding rule yet for "
-                     + ", ".join(f"{p} ({PENDING_RULES[p]})" for p in sorted(missing)))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", CASE_NAMES)
 def test_corpus_plans_without_replicated_fallback(name):
-    if _missing(name):
-        _xfail_if_only_pending(name, "replicated fallback")
     assert not _missing(name)
 
 
@@ -214,7 +195,4 @@ def test_corpus_plan_no_worse_than_best_expert(name, mesh_name):
     auto = hlo_report(_compiled(name, mesh_name), plan.hardware, mesh).total_s
     best = min(hlo_report(case.compile_expert(mesh, e), plan.hardware, mesh).total_s
                for e in case.expert_names())
-    if auto > best:
-        _xfail_if_only_pending(name, f"auto {auto * 1e6:.2f} us > best expert "
-                                     f"{best * 1e6:.2f} us")
-    assert auto <= best
+    assert auto <= best, f"auto {auto * 1e6:.2f} us > best expert {best * 1e6:.2f} us"
