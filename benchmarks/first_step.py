@@ -42,6 +42,7 @@ import jax  # noqa: E402
 
 import autoshard  # noqa: E402
 from autoshard import experts  # noqa: E402
+from autoshard.cost import forget_prices  # noqa: E402
 from autoshard.hlo_report import hlo_report  # noqa: E402
 from autoshard.models import gpt  # noqa: E402
 
@@ -65,9 +66,11 @@ class Timing:
 
 
 def timed(fn):
-    """``(fn(), Timing)``, JAX's caches cleared first so that nothing traced, lowered or
-    compiled before (the train step's trace for another plan) is reused."""
+    """``(fn(), Timing)``, JAX's caches and the planner's reshard prices cleared first so
+    that nothing traced, lowered, compiled or priced before (the train step's trace for
+    another plan, another size's reshards) is reused."""
     jax.clear_caches()
+    forget_prices()
     wall, cpu = time.perf_counter(), time.process_time()
     out = fn()
     return out, Timing(time.perf_counter() - wall, time.process_time() - cpu)

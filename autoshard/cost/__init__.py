@@ -27,6 +27,7 @@ from autoshard.cost.liveness import POINTER_BYTES
 from autoshard.cost.reshard import (
                                   REDUCTIONS,
                                   Interner,
+                                  forget_prices,
                                   operand_reshard_seconds,
                                   reshard_collectives,
                                   reshard_seconds,
@@ -35,6 +36,6 @@ from autoshard.cost.shared import MAX_SHARED_COPIES, shared_reads
 
 __all__ = [
     "CostGraph", "Interner", "MAX_SHARED_COPIES", "Menu", "POINTER_BYTES", "REDUCTIONS",
-    "TIEBREAK_SECONDS_PER_BYTE", "build_cost_graph",
+    "TIEBREAK_SECONDS_PER_BYTE", "build_cost_graph", "forget_prices",
     "operand_reshard_seconds", "reshard_collectives", "reshard_seconds", "shared_reads",
 ]

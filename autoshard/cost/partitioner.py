@@ -704,6 +704,12 @@ def cached_reshard_steps(shape: Sequence[int], itemsize: float, src: Spec, dst: 
     return _steps_on(tuple(shape), float(itemsize), src, dst, tuple(axis_sizes.items()))
 
 
+def forget() -> None:
+    """Drop the reshards and tilings this process keeps."""
+    _steps_on.cache_clear()
+    _tiling_on.cache_clear()
+
+
 def group_axes(groups, axis_sizes: Mapping[str, int]) -> tuple[str, ...]:
     """The mesh axes along which the devices of any one group differ."""
     names, coords = _coordinates(tuple(axis_sizes.items()))

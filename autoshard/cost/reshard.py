@@ -87,6 +87,14 @@ def kept_prices(hw: Hardware) -> dict:
     return found[1]
 
 
+def forget_prices() -> None:
+    """Drop every reshard price and followed reshard this process keeps (``kept_prices``,
+    ``partitioner.cached_reshard_steps``, the tilings): the next plan prices from
+    scratch, as a fresh process's first plan does."""
+    _KEPT_PRICES.clear()
+    partitioner.forget()
+
+
 def operand_reshard_seconds(cg: CostGraph, chosen: Sequence) -> list[list[float]]:
     """Per node, per operand that is no literal: the seconds (times the operand's weight)
     of moving it from the spec its producer writes it in to the spec the node reads it in,
