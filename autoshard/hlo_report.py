@@ -711,6 +711,29 @@ def _passes_through(fused: Computation) -> bool:
                                     if i.opcode != "parameter")
 
 
+# ops that move, slice or convert elements without computing on them
+_MOVES_ELEMENTS = frozenset({"parameter", "constant", "bitcast", "reshape", "copy",
+                             "transpose", "convert", "slice", "dynamic-slice"})
+
+
+def _rounding_pass(fused: Computation) -> bool:
+    """Whether a fused computation only rounds a value to a narrow float and widens it
+    back (``convert`` to bf16 or f16, then to a wider float), moving or slicing it on the
+    way: what a backend that computes narrow floats wider (CPU) runs where the rounding
+    of a dot's or collective's result cannot join an elementwise fusion (between a dot
+    and a collective, a loop's stacked slice and a dot). Scalar index arithmetic (a
+    slice's offset) aside."""
+    rounded = False
+    for inst in fused.instructions:
+        if inst.opcode == "convert" and inst.shape.dtype not in _NARROW_FLOATS:
+            source = fused.by_name.get(inst.operands[0])
+            rounded |= source is not None and source.shape.dtype in _NARROW_FLOATS and (
+                source.opcode == "convert")
+        elif inst.opcode not in _MOVES_ELEMENTS and inst.shape.dims:
+            return False
+    return rounded
+
+
 def _only_sliced(module: HloModule, comp: Computation, name: str, num_elements: int,
                  group_size: int) -> bool:
     """Whether every use of ``name`` is a dynamic-slice keeping 1/group_size of it,
@@ -829,6 +852,9 @@ class Report:
     # (times run per step, compute seconds of the ops run that often), fewest runs first:
     # 1 outside loops, a loop's trip count inside it (a pipeline's M + S - 1 steps)
     compute_s_by_runs: tuple[tuple[int, float], ...] = ()
+    # of compute_s, the fusions that only round narrow floats computed wider
+    # (``_rounding_pass``): where compiled bytes differ from the program's dtypes
+    rounding_s: float = 0.0
 
     def collective_bytes(self, kind: str | None = None) -> int:
         """Bytes moved by collectives of ``kind`` (all kinds if None), times their counts."""
@@ -851,6 +877,9 @@ class Report:
             axes = ",".join(c.axes) or "?"
             lines.append(f"  {c.kind:<18} {c.num_bytes:>12} B  group {c.group_size:<3} axes "
                          f"({axes})  x{c.count}  {c.seconds * 1e6:.2f} us each  [{c.name}]")
+        if self.rounding_s:
+            lines.append(f"of compute, {self.rounding_s * 1e6:.2f} us round narrow floats "
+                         "computed wider, in fusions of their own")
         lines += [f"warning: {w}" for w in self.warnings]
         return "\n".join(lines)
 
@@ -881,7 +910,7 @@ def _memory_fields(memory: Any) -> dict[str, int]:
 def report_from_module(module: HloModule, hardware: Hardware, mesh=None, memory=None) -> Report:
     """Price a parsed module; see :func:`report_from_hlo_text`."""
     flops = num_bytes = 0
-    compute_s = 0.0
+    compute_s = rounding_s = 0.0
     by_runs: dict[int, float] = {}
     collectives: list[CompiledCollective] = []
     warnings: list[str] = []
@@ -903,11 +932,14 @@ def report_from_module(module: HloModule, hardware: Hardware, mesh=None, memory=
             seconds = hardware.compute_seconds(op_flops, op_bytes) * count
             compute_s += seconds
             by_runs[count] = by_runs.get(count, 0.0) + seconds
+            fused = inst.called("calls") if inst.opcode == "fusion" else []
+            if fused and _rounding_pass(module.computations[fused[0]]):
+                rounding_s += seconds
     comm_s = sum(c.total_seconds for c in collectives)
     return Report(flops=flops, bytes_accessed=num_bytes, compute_s=compute_s, comm_s=comm_s,
                   total_s=compute_s + comm_s, collectives=tuple(collectives),
                   warnings=tuple(warnings), compute_s_by_runs=tuple(sorted(by_runs.items())),
-                  **_memory_fields(memory))
+                  rounding_s=rounding_s, **_memory_fields(memory))
 
 
 def report_from_hlo_text(text: str, hardware: Hardware, mesh=None, memory=None) -> Report:

@@ -8,7 +8,8 @@ Megatron, FSDP x TP) and each compiled program is priced by ``autoshard.hlo_repo
 the same hardware, beside the pipelines over 'data' with the GPipe schedule and with the
 circular one forced (V = 2, 4 repeats; M chosen), and the GPipe one with each microbatch
 split over 'model' inside the stages forced. It prints the compute-only bound, the
-bubble, the stage transfers and where the rest goes.
+bubble, the stage transfers and where the rest goes, and each plan's compute inside and
+outside loops, predicted against compiled.
 
 Part 2 (``--part 70b``): a LLaMA-3-70B-shaped step (80 layers, d_model 8192, FFN 28672,
 Adam, bf16, batch 64 x 2048 tokens) planned from abstract arguments on 8x8 within 80 GB
@@ -99,6 +100,15 @@ def gpt_part(args) -> None:
         print(f"{name:18}{report.total_s * 1e3:>10.2f}{report.compute_s * 1e3:>12.2f}"
               f"{report.comm_s * 1e3:>10.2f}{report.memory_bytes / 1e9:>11.2f}"
               f"{'yes' if report.memory_bytes <= hw.memory else 'no':>6}{predicted}")
+    print("\ncompute inside loops (the layer loop, the stage loop) and outside them, "
+          "predicted / compiled ms; of the compiled compute, the passes that only round "
+          "bf16 computed in f32:")
+    for name, plan in plans.items():
+        (inside, outside), report = compute_split(plan), reports[name]
+        loops = sum(s for runs, s in report.compute_s_by_runs if runs > 1)
+        print(f"  {name:18} inside {inside * 1e3:7.2f} / {loops * 1e3:7.2f}   outside "
+              f"{outside * 1e3:7.2f} / {(report.compute_s - loops) * 1e3:7.2f}   rounding "
+              f"{report.rounding_s * 1e3:6.2f}")
     experts_only = rows[:-1]
     feasible = [r for _, r in experts_only if r.memory_bytes <= hw.memory] or [
         r for _, r in experts_only]
@@ -123,6 +133,13 @@ def gpt_part(args) -> None:
     if not auto.pipeline:
         best_case(reports["auto"], permute_seconds(reports["pipeline (data)"]), best,
                   stages=mesh.shape["data"], batch=cfg.batch)
+
+
+def compute_split(plan) -> tuple[float, float]:
+    """The plan's predicted compute seconds inside loops (equations run more than once a
+    step) and outside them."""
+    inside = sum(item.compute_s for item in plan.breakdown if item.weight > 1)
+    return inside, sum(item.compute_s for item in plan.breakdown) - inside
 
 
 def best_case(report, transfers_s: float, expert_s: float, stages: int, batch: int) -> None:

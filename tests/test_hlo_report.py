@@ -385,6 +385,22 @@ def test_report_helpers(mesh8):
         report.flops = 0  # frozen
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_rounding_between_a_collective_and_a_dot_is_read_as_such(mesh8, dtype):
+    """CPU computes bf16 dots in f32 and rounds each result: the all-reduced partial sum
+    of the first dot is rounded in a fusion of its own before the second dot reads it
+    (read and written at f32 width); in f32 there is nothing to round."""
+    x, w, v = (jnp.ones(s, dtype) for s in ((64, 512), (512, 256), (256, 128)))
+    compiled = _compile(lambda x, w, v: (x @ w) @ v, mesh8, (P(None, "x"), P("x", None), P()),
+                        P(), x, w, v)
+    report = hlo_report(compiled, HW, mesh8)
+    assert [c.kind for c in report.collectives] == ["all-reduce"]
+    rounded = 2 * 64 * 256 * F32 / HW.hbm_bandwidth if dtype == jnp.bfloat16 else 0.0
+    assert report.rounding_s == pytest.approx(rounded)
+    assert report.rounding_s < report.compute_s
+    assert ("round narrow floats" in report.summary()) == bool(rounded)
+
+
 def test_all_to_all_num_bytes(mesh2x4):
     f = jax.shard_map(lambda a: jax.lax.all_to_all(a, "model", 0, 1, tiled=True), mesh=mesh2x4,
                       in_specs=P("data", "model"), out_specs=P("data", "model"))
