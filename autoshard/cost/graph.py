@@ -177,8 +177,8 @@ def build_cost_graph(space: StrategySpace, donated: Sequence[tuple[int, int]] = 
     slice instead (CPU): memory then holds the full reduced result.
     ``share_held_copies`` False counts some copies readers share once per reader (see
     ``_Builder.shared_copies``): a smaller problem. Given a ``memory_budget`` that the
-    memory alone rules out (its floor before any reshard is priced is over it), raises
-    ``solve.InfeasibleBudget`` with that floor instead of pricing."""
+    memory alone rules out (its floor before the edges are priced is over it), raises
+    ``solve.InfeasibleBudget`` with that floor instead of pricing them."""
     builder = _Builder(space, donated, native_reduce_scatter, share_held_copies)
     builder.build_groups()
     if memory_budget is not None:

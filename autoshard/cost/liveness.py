@@ -304,11 +304,11 @@ class Liveness:
         return with_rows(terms, fixed, spans)
 
     def uncopied_memory(self):
-        """What ``build_memory`` counts before the resharded copies: (the fixed terms'
-        list, their indices, the (term, first node, last node) spans of temporaries,
-        collective buffers and layout copies, per value whether it is read from the
-        arguments, the reads whose copies a layout copy made before them takes over).
-        Computed once per graph."""
+        """What ``build_memory`` counts before the resharded copies: the fixed terms
+        (arguments, outputs) and their indices; the (term, first node, last node) spans
+        of temporaries, collective buffers and layout copies; per value, whether it is
+        read from the arguments; the reads whose copy a layout copy made before them
+        takes over. Computed once per graph."""
         if self._uncopied is not None:
             return self._uncopied
         graph = self.graph
