@@ -13,8 +13,9 @@ For 12, 24 and 48 layers of the zoo's GPT (d_model 2048, 16 heads, d_ff 8192, vo
 and the ratio (plan + lower + compile) / (best expert's lower + compile), the target
 being <= 1.10 at 24 and 48 layers. JAX's caches and the planner's kept reshard prices
 are cleared before each, so every program pays its own trace of the train step (the
-plan's make_jaxpr for auto, jax.jit's trace for an expert) and every plan its own prices. The floor is the ratio with planning free: the auto program's lower +
-compile over the best expert's, which only a plan XLA compiles faster can lower. On a
+plan's make_jaxpr for auto, jax.jit's trace for an expert) and every plan its own
+prices. The floor is the ratio with planning free: the auto program's lower + compile
+over the best expert's, which only a plan XLA compiles faster can lower. On a
 shared machine wall seconds stretch with the load; the CPU seconds of this process
 (the ``cpu`` columns) stretch far less, and ``--split`` prints them for every part beside
 the planner's stages (JAX's make_jaxpr; graph, strategies and costs; coarsening; solving).
