@@ -133,7 +133,8 @@ def reshards(draw):
 @given(reshards())
 def test_every_reshard_is_some_collectives_over_the_mesh(case):
     # any two specs on any mesh: no exception, and each collective runs over devices of
-    # the mesh in groups of one size, moving a positive number of bytes
+    # the mesh in groups of one size, moving a positive number of bytes, along the axes
+    # its groups span
     shape, src, dst, sizes = case
     found = partitioner.reshard_steps(shape, 4, src, dst, sizes)
     devices = int(np.prod(list(sizes.values())))
@@ -141,6 +142,7 @@ def test_every_reshard_is_some_collectives_over_the_mesh(case):
         assert step.kind in ("all-gather", "all-to-all", "collective-permute")
         assert step.num_bytes > 0 and len({len(g) for g in step.groups}) == 1
         assert all(0 <= d < devices for g in step.groups for d in g)
+        assert step.axes == partitioner.group_axes(step.groups, sizes)
     if src == dst:
         assert found == ()
 
