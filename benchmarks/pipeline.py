@@ -105,7 +105,7 @@ def gpt_part(args) -> None:
           "bf16 computed in f32:")
     for name, plan in plans.items():
         (inside, outside), report = compute_split(plan), reports[name]
-        loops = sum(s for runs, s in report.compute_s_by_runs if runs > 1)
+        loops = compiled_loop_seconds(report)
         print(f"  {name:18} inside {inside * 1e3:7.2f} / {loops * 1e3:7.2f}   outside "
               f"{outside * 1e3:7.2f} / {(report.compute_s - loops) * 1e3:7.2f}   rounding "
               f"{report.rounding_s * 1e3:6.2f}")
@@ -142,13 +142,18 @@ def compute_split(plan) -> tuple[float, float]:
     return inside, sum(item.compute_s for item in plan.breakdown) - inside
 
 
+def compiled_loop_seconds(report) -> float:
+    """Compute of the compiled ops that run more than once a step (inside loops)."""
+    return sum(s for runs, s in report.compute_s_by_runs if runs > 1)
+
+
 def best_case(report, transfers_s: float, expert_s: float, stages: int, batch: int) -> None:
     """What a pipeline over 'data' could reach from the plan without one: the same work per
     device (L / S layers on the whole batch instead of L layers on half of it) with no
     collective over 'data' left but the stage transfers, plus the bubble, (S - 1) / M of
     the layer loop's compute."""
     saved = sum(c.total_seconds for c in report.collectives if "data" in c.axes)
-    loops = sum(s for runs, s in report.compute_s_by_runs if runs > 1)
+    loops = compiled_loop_seconds(report)
     print(f"\nwhy no pipeline: the plan without one spends {saved * 1e3:.2f} ms on "
           f"collectives over 'data' (what a pipeline over it saves) and {loops * 1e3:.2f} ms "
           f"of compute in its layer loop (the bubble's base); stage transfers "

@@ -58,17 +58,24 @@ def mesh_of(shape):
 
 
 @functools.cache
-def requests(program: str, setting: str):
-    """The full request and the coarsened one the planner solves, for both pricings of
-    shared copies, with no budget."""
+def strategy_space(program: str, setting: str):
+    """The program's strategies under the setting, and its mesh's backend."""
     make, shape = PROGRAMS[program]
     case, mesh = make(), mesh_of(shape)
     with microbatching(SETTINGS[setting]):
         graph = build_graph(trace_program(case.train_step, *case.abstract_args()))
-    space = build_strategies(graph, axis_sizes(mesh), autoshard.H100, {}, Backend.of(mesh))
+    backend = Backend.of(mesh)
+    return build_strategies(graph, axis_sizes(mesh), autoshard.H100, {}, backend), backend
+
+
+@functools.cache
+def requests(program: str, setting: str):
+    """The full request and the coarsened one the planner solves, for both pricings of
+    shared copies, with no budget."""
+    space, backend = strategy_space(program, setting)
     out = []
     for share in (False, True):
-        cg = build_cost_graph(space, (), Backend.of(mesh).native_reduce_scatter, share)
+        cg = build_cost_graph(space, (), backend.native_reduce_scatter, share)
         request = cg.request(None, 30.0)
         out.append((request, coarsen(cg, request).request))
     return out
@@ -101,22 +108,17 @@ def test_solved_plan_holds_at_least_the_floor(program, setting):
 
 @functools.cache
 def floor_before_pricing(program: str, setting: str) -> float:
-    """The floor ``build_cost_graph`` checks a budget against before it prices anything
+    """The floor ``build_cost_graph`` checks a budget against before it prices the edges
     (read off the ``InfeasibleBudget`` a zero budget raises)."""
-    make, shape = PROGRAMS[program]
-    case, mesh = make(), mesh_of(shape)
-    with microbatching(SETTINGS[setting]):
-        graph = build_graph(trace_program(case.train_step, *case.abstract_args()))
-    space = build_strategies(graph, axis_sizes(mesh), autoshard.H100, {}, Backend.of(mesh))
+    space, backend = strategy_space(program, setting)
     with pytest.raises(InfeasibleBudget) as e:
-        build_cost_graph(space, (), Backend.of(mesh).native_reduce_scatter, True,
-                         memory_budget=0.0)
+        build_cost_graph(space, (), backend.native_reduce_scatter, True, memory_budget=0.0)
     return e.value.smallest_bytes
 
 
 @pytest.mark.parametrize("program,setting", CASES)
 def test_floor_before_pricing_is_below_the_floor(program, setting):
-    """Checked before any reshard is priced, without the resharded copies: at most the
+    """Checked before the edges are priced, without the resharded copies: at most the
     priced request's floor, for both pricings of shared copies, and most of it (the
     arguments and the activations are there)."""
     early = floor_before_pricing(program, setting)
