@@ -141,7 +141,7 @@ def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, ctx) -
         compute_s = (hw.compute_seconds(flops, touched) + layout_copy_seconds(
             stored_in, transposed, hw)) * node.weight
         if node.kind in ("output", "boundary"):
-            compute_s = slice_copy_seconds(node, out_shapes, in_bytes_each, out_bytes, hw)
+            compute_s = slice_copy_seconds(node, out_shapes, stored_in, stored_out, hw)
         partial_axes = tuple(a for a in axis_sizes
                              for l in einsum.reduce if a in split.get(l, ()))
         name = strategy_name(split)

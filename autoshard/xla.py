@@ -63,13 +63,18 @@ def stored_widening(graph: Graph, einsums, materialized, contraction_itemsize: i
     in memory that a contraction reads (directly, or through a transpose folded into it)
     or writes takes twice its bytes to write and to read; every other value, and every
     value on a backend with narrow-float dots (``contraction_itemsize`` 0), its own."""
+    widened = [1.0] * len(graph.values)
     if not contraction_itemsize:
-        return [1.0] * len(graph.values)
-    return [widening(value.dtype, contraction_itemsize)
-            if materialized[value.id] and (contraction(einsums[value.producer])
-                                           or read_by_contraction(graph, einsums, value))
-            else 1.0
-            for value in graph.values]
+        return widened
+    for value in graph.values:
+        if materialized[value.id] and (contraction(einsums[value.producer])
+                                       or read_by_contraction(graph, einsums, value)):
+            widened[value.id] = widening(value.dtype, contraction_itemsize)
+    for node in graph.nodes:   # in order: a stack before the loops that slice it
+        if node.primitive in ("loop_ys", "loop_xs") and node.operands[0] is not None:
+            out = node.outputs[0]
+            widened[out] = max(widened[out], widened[node.operands[0]])
+    return widened
 
 
 def read_by_contraction(graph: Graph, einsums, value) -> bool:
