@@ -141,7 +141,8 @@ def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, ctx) -
         compute_s = (hw.compute_seconds(flops, touched) + layout_copy_seconds(
             stored_in, transposed, hw)) * node.weight
         if node.kind in ("output", "boundary"):
-            compute_s = slice_copy_seconds(node, out_shapes, stored_in, stored_out, hw)
+            compute_s = slice_copy_seconds(node, out_shapes, stored_in, stored_out, hw,
+                                           write_widths[0] > 1.0)
         partial_axes = tuple(a for a in axis_sizes
                              for l in einsum.reduce if a in split.get(l, ()))
         name = strategy_name(split)
@@ -190,12 +191,19 @@ def layout_copy_seconds(in_bytes_each, copied: Sequence[bool], hw: Hardware) -> 
     return hw.compute_seconds(0.0, 2 * sum(b for b, c in zip(in_bytes_each, copied) if c))
 
 
-def slice_copy_seconds(node: Node, out_shapes, in_bytes_each, out_bytes, hw: Hardware) -> float:
+def slice_copy_seconds(node: Node, out_shapes, in_bytes_each, out_bytes, hw: Hardware,
+                       widened: bool = False) -> float:
     """What a seam costs on one device. A scan copies each iteration's xs slice out of
     its stack (dynamic-slice) and its ys slice into its stack (dynamic-update-slice),
     reading and writing the slice; the ys stack is zero-filled once before the loop. A
     scan unrolled whole stacks nothing: its readers read each iteration's result. Other
-    seams hand a buffer over: the value's producer already wrote it."""
+    seams hand a buffer over: the value's producer already wrote it.
+
+    A scan unrolled whole inside another loop, over a stack that loop keeps, slices it at
+    static offsets (``trace``'s ``hoisted_slices``). XLA's loop-invariant code motion
+    hoists a slice only with an op worth hoisting: the convert that widens a narrow float
+    for the dot that reads it (``widened``). Those slices run as often as the outer loop
+    starts."""
     if node.params.get("unrolled"):
         return 0.0
     if node.primitive == "loop_xs":
@@ -204,7 +212,8 @@ def slice_copy_seconds(node: Node, out_shapes, in_bytes_each, out_bytes, hw: Har
         length, slice_bytes, copies = out_shapes[0][0], in_bytes_each[0], 3
     else:
         return 0.0
-    return hw.compute_seconds(0.0, copies * slice_bytes) * length * node.weight
+    runs = node.params.get("runs", node.weight) if widened else node.weight
+    return hw.compute_seconds(0.0, copies * slice_bytes) * length * runs
 
 
 def reduction_variants(node, name, in_specs, out_specs, out_shapes, out_bytes, partial_axes,

@@ -7,7 +7,11 @@ import jax.numpy as jnp
 import pytest
 
 import autoshard
+from autoshard.hardware import Backend
 from autoshard.hlo_report import hlo_report
+from autoshard.strategies import build_strategies
+from autoshard.trace import build_graph, trace_program
+from autoshard.units import axis_sizes
 
 F32 = jnp.float32
 ARGS = (jax.ShapeDtypeStruct((256, 4, 512), F32), jax.ShapeDtypeStruct((4, 256, 512), F32),
@@ -34,3 +38,39 @@ def test_a_scans_compute_is_priced_as_compiled_rolled_or_unrolled(mesh_1d, unrol
     assert (" while(" in compiled.as_text()) == (unroll == 1)
     report = hlo_report(compiled, plan.hardware, mesh_1d)
     assert plan.cost.compute_s == pytest.approx(report.compute_s, rel=0.08)
+
+
+def microbatched_layers(xs, ws):
+    """An outer loop over microbatches whose body runs a stack of layers as a scan
+    unrolled whole, the stack entering the outer loop as a constant (how a pipeline's
+    stage step reads its layers)."""
+    def microbatch(total, x):
+        def layer(h, w):
+            return jnp.tanh(h @ w), None
+        h, _ = jax.lax.scan(layer, x, ws, unroll=True)
+        return total + jnp.sum(h.astype(F32)), None
+    total, _ = jax.lax.scan(microbatch, 0.0, xs)
+    return total
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, F32])
+def test_static_slices_of_a_stack_the_outer_loop_keeps(mesh_1d, dtype):
+    # CPU widens each bf16 layer for its dot, and XLA hoists the slice with its convert
+    # out of the microbatch loop: it runs once, not once a trip (priced once a trip
+    # before). An f32 slice alone is not worth hoisting: it stays in the loop.
+    args = (jax.ShapeDtypeStruct((8, 64, 512), dtype), jax.ShapeDtypeStruct((4, 512, 512), dtype))
+    compiled = jax.jit(microbatched_layers).lower(*args).compile().as_text()
+    entry = compiled[compiled.index("ENTRY"):]
+    hoisted = dtype == jnp.bfloat16
+    assert ("f32[512,512]" in entry) == hoisted
+
+    graph = build_graph(trace_program(microbatched_layers, *args))
+    hw, backend = autoshard.H100, Backend.of(mesh_1d)
+    space = build_strategies(graph, axis_sizes(mesh_1d), hw, {}, backend)
+    slices = [n for n in graph.nodes if n.primitive == "loop_xs" and "runs" in n.params]
+    assert len(slices) == 1 and slices[0].weight == 8
+    layer_bytes = 512 * 512 * 4   # read and written at f32, the width its dot reads
+    runs = 1 if hoisted else 8
+    whole = [s for s in space.strategies[slices[0].id] if not any(s.out_specs[0])]
+    assert whole   # each device slices whole layers
+    assert whole[0].compute_s == pytest.approx(hw.compute_seconds(0.0, 2 * layer_bytes) * 4 * runs)
