@@ -21,8 +21,9 @@ from autoshard.rules import RULES, Einsum, rule_for
 from autoshard.rules.replicated import REPLICATED
 from autoshard.specs import Spec
 from autoshard.xla import (collective_widening, contraction, materialized_values,
-                           moves_no_data, stored_widening, trailing_nodes,
-                           transposed_operands, transposes_dot_result, widening)
+                           moves_no_data, reshapes_dot_result, stored_widening,
+                           trailing_nodes, transposed_operands, transposes_dot_result,
+                           widening)
 
 REPLICATED_BELOW_ELEMENTS = 1024   # arrays this small are kept whole
 MAX_STRATEGIES = 96
@@ -155,9 +156,23 @@ def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, ctx) -
             continue
         per_label = sorted(tuple(a for a in axis_sizes if a in split[l])
                            for l in einsum.reduce if split.get(l))
+        compute_s += rounding_before_reduction(node, einsum, out_bytes, wire_bytes,
+                                               ctx) * node.weight
         result += reduction_variants(node, name, in_specs, out_specs, out_shapes, wire_bytes,
                                      partial_axes, per_label, compute_s, einsum, ctx)
     return result
+
+
+def rounding_before_reduction(node: Node, einsum: Einsum, out_bytes, wire_bytes, ctx) -> float:
+    """A backend that runs a narrow-float dot in f32 and reduces narrow floats in f32
+    (CPU) rounds the dot's partial result to its dtype before the reduction: convert to
+    bf16 and back. Next to each other XLA drops that pair (it allows excess precision);
+    split by the reshape after a dot of several free dims (``xla.reshapes_dot_result``)
+    they stay, in a fusion of their own that reads and writes the result at f32 width."""
+    if not (contraction(einsum) and ctx.backend.contraction_itemsize
+            and wire_bytes[0] > out_bytes[0] and reshapes_dot_result(node)):
+        return 0.0
+    return ctx.hardware.compute_seconds(0.0, 2 * wire_bytes[0])
 
 
 def stored_widths(einsum: Einsum, node: Node, out_dtypes, ctx) -> tuple[list, list]:

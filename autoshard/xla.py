@@ -112,6 +112,22 @@ def transposed_for_dot(node, i: int) -> bool:
     return kept != sorted(kept) and not matrix_behind_batch
 
 
+def reshapes_dot_result(node) -> bool:
+    """Whether XLA reshapes a dot_general's result after computing it: it computes a dot
+    as [batch, lhs free, rhs free] with each side's free dims flattened into one, so a
+    side with more than one free dim (of more than one element) is unflattened after
+    it. A rounding convert pair (f32 to bf16 and back) around that reshape is not
+    adjacent, and XLA's simplifier does not drop it."""
+    if node.primitive != "dot_general":
+        return False
+    (lc, rc), (lb, rb) = node.params["dimension_numbers"]
+    for shape, contract, batch in zip(node.operand_shapes, (lc, rc), (lb, rb)):
+        free = [n for d, n in enumerate(shape) if d not in contract and d not in batch]
+        if sum(n > 1 for n in free) > 1:
+            return True
+    return False
+
+
 def transposed_for_conv(node, i: int) -> bool:
     """Whether XLA copies operand ``i`` of a convolution into another layout first.
 

@@ -145,3 +145,31 @@ def test_only_narrow_floats_are_stored_wider(dtype):
         assert wide == own
     else:
         assert all(w >= o for w, o in zip(wide, own)) and sum(wide) > sum(own)
+
+
+def row_parallel(x, w):
+    return jnp.sum(jnp.square((x @ w).astype(jnp.float32)))
+
+
+def row_parallel_costs(mesh, shape) -> tuple[float, float, float]:
+    """The row-parallel dot's predicted and compiled compute, and its compiled rounding
+    passes, with x of ``shape`` and w split over their contracted dim."""
+    x = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((1024, 64), jnp.bfloat16)
+    pins = {"x": P(*[None] * (len(shape) - 1), "data"), "w": P("data")}
+    plan = autoshard.plan(row_parallel, x, w, mesh=mesh, pins=pins, cache=False,
+                          progress=False)
+    report = hlo_report(plan.jit().lower(x, w).compile(), plan.hardware, mesh)
+    assert report.count("all-reduce") == 1   # of the dot's partial result
+    return plan.cost.compute_s, report.compute_s, report.rounding_s
+
+
+def test_cpu_rounds_a_reshaped_bf16_dot_result_before_reducing_it(mesh_1d):
+    # CPU rounds the dot's f32 partial result to bf16 and back before the all-reduce.
+    # Next to each other, XLA drops the converts; split by the reshape that unflattens a
+    # dot of several free dims (batch and tokens), they stay, a fusion of their own. The
+    # same dot over tokens flattened and unflattened: what the reshaped one costs more
+    predicted_3d, compiled_3d, rounding_3d = row_parallel_costs(mesh_1d, (8, 256, 1024))
+    predicted_2d, compiled_2d, rounding_2d = row_parallel_costs(mesh_1d, (2048, 1024))
+    assert rounding_3d > 0 and rounding_2d == 0
+    assert predicted_3d - predicted_2d == pytest.approx(compiled_3d - compiled_2d, rel=0.1)
