@@ -20,10 +20,10 @@ from autoshard.hardware import Backend, Hardware
 from autoshard.rules import RULES, Einsum, rule_for
 from autoshard.rules.replicated import REPLICATED
 from autoshard.specs import Spec
-from autoshard.xla import (collective_widening, contraction, materialized_values,
-                           moves_no_data, reshapes_dot_result, stored_widening,
-                           trailing_nodes, transposed_operands, transposes_dot_result,
-                           widening)
+from autoshard.xla import (collective_widening, contraction, hoisted_runs,
+                           materialized_values, moves_no_data, reshapes_dot_result,
+                           stored_widening, trailing_nodes, transposed_operands,
+                           transposes_dot_result, widening)
 
 REPLICATED_BELOW_ELEMENTS = 1024   # arrays this small are kept whole
 MAX_STRATEGIES = 96
@@ -112,6 +112,7 @@ class _Context:
     backend: Backend               # which collectives combine, the width they move
     # a transpose its producing dot computes (``xla.transposes_dot_result``)
     dot_transposed: bool = False
+    runs: float = 1.0   # how many times XLA runs the node a call (``xla.hoisted_runs``)
 
 
 def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, ctx) -> list[Strategy]:
@@ -140,10 +141,10 @@ def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, ctx) -
                 and materialized[0][0] and materialized[1][0]):
             touched = 0.0   # its result is its operand's buffer: nothing moves
         compute_s = (hw.compute_seconds(flops, touched) + layout_copy_seconds(
-            stored_in, transposed, hw)) * node.weight
+            stored_in, transposed, hw)) * ctx.runs
         if node.kind in ("output", "boundary"):
             compute_s = slice_copy_seconds(node, out_shapes, stored_in, stored_out, hw,
-                                           write_widths[0] > 1.0)
+                                           ctx.runs)
         partial_axes = tuple(a for a in axis_sizes
                              for l in einsum.reduce if a in split.get(l, ()))
         name = strategy_name(split)
@@ -207,18 +208,14 @@ def layout_copy_seconds(in_bytes_each, copied: Sequence[bool], hw: Hardware) -> 
 
 
 def slice_copy_seconds(node: Node, out_shapes, in_bytes_each, out_bytes, hw: Hardware,
-                       widened: bool = False) -> float:
+                       runs: float) -> float:
     """What a seam costs on one device. A scan copies each iteration's xs slice out of
     its stack (dynamic-slice) and its ys slice into its stack (dynamic-update-slice),
     reading and writing the slice; the ys stack is zero-filled once before the loop. A
     scan unrolled whole stacks nothing: its readers read each iteration's result. Other
-    seams hand a buffer over: the value's producer already wrote it.
-
-    A scan unrolled whole inside another loop, over a stack that loop keeps, slices it at
-    static offsets (``trace``'s ``hoisted_slices``). XLA's loop-invariant code motion
-    hoists a slice only with an op worth hoisting: the convert that widens a narrow float
-    for the dot that reads it (``widened``). Those slices run as often as the outer loop
-    starts."""
+    seams hand a buffer over: the value's producer already wrote it. ``runs``: how many
+    times the seam runs a call, less than its weight where XLA hoists a scan unrolled
+    whole's static slices of a stack an outer loop keeps (``xla.hoisted_runs``)."""
     if node.params.get("unrolled"):
         return 0.0
     if node.primitive == "loop_xs":
@@ -227,7 +224,6 @@ def slice_copy_seconds(node: Node, out_shapes, in_bytes_each, out_bytes, hw: Har
         length, slice_bytes, copies = out_shapes[0][0], in_bytes_each[0], 3
     else:
         return 0.0
-    runs = node.params.get("runs", node.weight) if widened else node.weight
     return hw.compute_seconds(0.0, copies * slice_bytes) * length * runs
 
 
@@ -425,6 +421,7 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
         einsums.append(rules_seen[signature])
     materialized = materialized_values(graph, einsums)
     stored = stored_widening(graph, einsums, materialized, backend.contraction_itemsize)
+    runs = hoisted_runs(graph, stored)
     trailing = (trailing_nodes(graph, einsums) if backend.combined
                 else [False] * len(graph.nodes))
     unsplit = whole_values(graph)
@@ -451,11 +448,12 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
                  tuple(unsplit[v.id] for v in out_values))
         dot_transposed = transposes_dot_result(graph, node)
         key = (signatures[node.id], reads, writes, trailing[node.id], pins.get(node.id), whole,
-               dot_transposed)
+               dot_transposed, runs[node.id])
         if key not in known:
             known[key] = tuple(node_strategies(node, einsum, out_values, pins.get(node.id),
                                                _Context(axis_sizes, hw, (reads, writes),
-                                                        backend, dot_transposed),
+                                                        backend, dot_transposed,
+                                                        runs[node.id]),
                                                 whole))
         all_strategies.append(known[key])
     numbers = {}   # every tuple is alive here, so its id names it

@@ -216,10 +216,11 @@ class GraphBuilder:
             key, ops.carry, avals.carry, body_avals.carry,
             [v.aval for v in eqn.outvars[:ncarry]], weight, inner_weight)
         body_in += carry_in
+        # a scan unrolled whole slices its xs at static offsets (xla.hoisted_runs)
+        static = {"static": True} if p["unroll"] >= p["length"] else None
         for k, (value, aval) in enumerate(zip(ops.xs, avals.xs)):
             body_in += self.boundary("loop_xs", ik.xs_key(key, k), [value], [aval],
-                                     [body_avals.xs[k]], weight, None,
-                                     self.hoisted_slices(value, p))
+                                     [body_avals.xs[k]], weight, None, static)
         body_out = self.walk(body, body_consts, body_in, ik.body_key(key), inner_weight)
         outs = self.close_carries(carry_nodes, body_out)
         # a scan unrolled whole is straight-line code to XLA (its one-trip loop is
@@ -231,18 +232,6 @@ class GraphBuilder:
                                   [eqn.outvars[ncarry + k].aval], weight, [inner_weight],
                                   unrolled)
         return outs
-
-    def hoisted_slices(self, stack: int | None, p) -> dict | None:
-        """A scan unrolled whole slices its xs at static offsets. Where the stack is one
-        the enclosing loop does not change (it enters that loop's body as a constant),
-        XLA's loop-invariant code motion hoists those slices out of that loop: they run
-        as often as the loop starts (the constant's seam's weight), not once a trip."""
-        if stack is None or p["unroll"] < p["length"]:
-            return None
-        producer = self.nodes[self.values[stack].producer]
-        if producer["primitive"] != "loop_const":
-            return None
-        return {"runs": producer["weight"]}
 
     def while_loop(self, eqn, ins, key, weight):
         p = eqn.params

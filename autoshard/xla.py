@@ -89,6 +89,61 @@ def read_by_contraction(graph: Graph, einsums, value) -> bool:
     return False
 
 
+# -- loop-invariant code motion: what XLA hoists out of a loop's body ----------------
+
+# ops XLA's loop-invariant code motion hoists only with a user it hoists (it leaves them in
+# the body for simplification and fusion there): WhileLoopInvariantCodeMotion's
+# NotWorthHoistingIndividually, in JAX's primitives
+NOT_WORTH_HOISTING = frozenset({"transpose", "reshape", "broadcast_in_dim", "iota", "rev",
+                                "squeeze", "expand_dims", "slice", "sharding_constraint",
+                                "loop_xs"})
+
+
+def hoisted_runs(graph: Graph, stored: Sequence[float]) -> list[float]:
+    """Per node, how many times XLA runs it a call: its weight, or less where XLA hoists
+    it out of a loop's body (``WhileLoopInvariantCodeMotion``).
+
+    A node in a loop's body whose operands are all made outside it (the loop's constants,
+    constants, or nodes hoisted the same way) is invariant: it runs as often as the
+    operands are made. XLA hoists it if it is worth hoisting on its own, or if a user it
+    hoists reads it. Reshapes, transposes, broadcasts and slices are not worth hoisting
+    on their own, save where the backend widens their result for a dot (``stored``: the
+    convert CPU adds, which is). A scan unrolled whole slices its stack at static offsets
+    (its ``loop_xs`` seams marked ``static``): invariant where the stack is, each run
+    making one slice a layer."""
+    inf = float("inf")
+    made = [inf] * len(graph.values)    # per value: how often it is made, if invariant
+    invariant: list[float | None] = [None] * len(graph.nodes)
+    for node in graph.nodes:
+        if node.kind == "arg":
+            runs = node.weight
+        elif node.kind == "const":
+            runs = 1.0
+        elif node.primitive == "loop_const":
+            runs = node.weight   # made outside the body
+        elif node.kind == "boundary" and not (node.primitive == "loop_xs"
+                                              and node.params.get("static")):
+            continue   # what varies from one trip to the next, or leaves the loop
+        else:
+            runs = max((made[v] for v in node.operands if v is not None), default=1.0)
+            if runs >= node.weight:
+                continue
+            invariant[node.id] = runs
+            if node.kind == "boundary":   # each run slices the stack into its layers
+                runs *= node.operand_shapes[0][0]
+        for v in node.outputs:
+            made[v] = runs
+    hoisted = [False] * len(graph.nodes)
+    for node in reversed(graph.nodes):
+        if invariant[node.id] is None or node.kind == "output":
+            continue
+        worth = node.primitive not in NOT_WORTH_HOISTING or any(
+            stored[v] > 1.0 for v in node.outputs)
+        hoisted[node.id] = worth or any(hoisted[user] for v in node.outputs
+                                        for user, _ in graph.users[v])
+    return [invariant[n.id] if hoisted[n.id] else n.weight for n in graph.nodes]
+
+
 # -- layouts: operands XLA copies into another layout before a dot or convolution ------
 
 def transposed_for_dot(node, i: int) -> bool:

@@ -12,6 +12,7 @@ from autoshard.hlo_report import hlo_report
 from autoshard.strategies import build_strategies
 from autoshard.trace import build_graph, trace_program
 from autoshard.units import axis_sizes
+from autoshard.xla import hoisted_runs
 
 F32 = jnp.float32
 ARGS = (jax.ShapeDtypeStruct((256, 4, 512), F32), jax.ShapeDtypeStruct((4, 256, 512), F32),
@@ -67,10 +68,36 @@ def test_static_slices_of_a_stack_the_outer_loop_keeps(mesh_1d, dtype):
     graph = build_graph(trace_program(microbatched_layers, *args))
     hw, backend = autoshard.H100, Backend.of(mesh_1d)
     space = build_strategies(graph, axis_sizes(mesh_1d), hw, {}, backend)
-    slices = [n for n in graph.nodes if n.primitive == "loop_xs" and "runs" in n.params]
+    slices = [n for n in graph.nodes if n.primitive == "loop_xs" and n.params.get("static")]
     assert len(slices) == 1 and slices[0].weight == 8
     layer_bytes = 512 * 512 * 4   # read and written at f32, the width its dot reads
     runs = 1 if hoisted else 8
     whole = [s for s in space.strategies[slices[0].id] if not any(s.out_specs[0])]
     assert whole   # each device slices whole layers
     assert whole[0].compute_s == pytest.approx(hw.compute_seconds(0.0, 2 * layer_bytes) * 4 * runs)
+
+
+def mixed_precision_microbatches(xs, ws):
+    """f32 weights cast to bf16 inside the layers of a scan unrolled whole, inside a loop
+    over microbatches that keeps them: each layer's cast is loop-invariant."""
+    def microbatch(total, x):
+        def layer(h, w):
+            return jnp.tanh(h @ w.astype(jnp.bfloat16)), None
+        h, _ = jax.lax.scan(layer, x, ws, unroll=True)
+        return total + jnp.sum(h.astype(F32)), None
+    total, _ = jax.lax.scan(microbatch, 0.0, xs)
+    return total
+
+
+def test_casts_of_the_layers_an_outer_loop_keeps_run_once_a_layer():
+    # XLA hoists each layer's slice and cast out of the microbatch loop
+    args = (jax.ShapeDtypeStruct((8, 64, 512), jnp.bfloat16),
+            jax.ShapeDtypeStruct((4, 512, 512), F32))
+    compiled = jax.jit(mixed_precision_microbatches).lower(*args).compile().as_text()
+    assert compiled[compiled.index("ENTRY"):].count("f32[512,512]") >= 4
+    graph = build_graph(trace_program(mixed_precision_microbatches, *args))
+    runs = hoisted_runs(graph, [1.0] * len(graph.values))
+    casts = [n for n in graph.nodes if n.primitive == "convert_element_type"
+             and n.operand_shapes[0] == (512, 512)]
+    assert [n.weight for n in casts] == [32.0]    # 8 microbatches x 4 layers
+    assert [runs[n.id] for n in casts] == [4.0]   # once a layer
