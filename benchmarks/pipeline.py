@@ -5,9 +5,9 @@ devices as two nodes, mesh 2x8 whose first axis crosses nodes (4e10 B/s against 
 inside a node). The auto plan with a pipeline allowed (``pipeline="auto"``,
 ``microbatches="auto"``) is compiled beside every expert plan (data parallel, FSDP,
 Megatron, FSDP x TP) and each compiled program is priced by ``autoshard.hlo_report`` with
-the same hardware, beside the pipelines over 'data' with the GPipe schedule and with the
-circular one forced (V = 2, 4 repeats; M chosen), and the GPipe one with each microbatch
-split over 'model' inside the stages forced. It prints the compute-only bound, the
+the same hardware, beside the pipelines over 'data' with the GPipe schedule (each
+microbatch whole inside the stages, and split over 'model' there, each forced) and with
+the circular one forced (V = 2, 4 repeats; M chosen). It prints the compute-only bound, the
 bubble, the stage transfers and where the rest goes, and each plan's compute inside and
 outside loops, predicted against compiled.
 
@@ -74,20 +74,14 @@ def gpt_part(args) -> None:
         experts.jit_gpipe(case, mesh, microbatches=hand_m).lower(*case.args).compile(), hw,
         mesh)))
     staged, staged_s = timed(lambda: planned(pipeline="data", microbatches="auto"))
-    plans = {"pipeline (data)": staged}
+    # the GPipe pipeline over 'data' with each microbatch whole inside the stages, and
+    # with it split over 'model' there (data parallel inside a stage, gradients reduced
+    # once after the loop), each forced by narrowing the search to that split
+    plans = {"pipeline (whole)": forced_split(planned, ()),
+             "pipeline (slices)": forced_split(planned, ("model",))}
     for v in (2, 4):
         if (cfg.layers // mesh.shape["data"]) % v == 0:
             plans[f"circular V={v}"] = planned(pipeline="data", microbatches="auto", repeats=v)
-    # the same pipeline with each microbatch split over 'model' inside the stages (data
-    # parallel there, gradients reduced once after the loop), forced by narrowing the
-    # search to that split
-    from autoshard import settings
-    weighed = settings.replica_splits
-    settings.replica_splits = lambda axis, sizes: [("model",)]
-    try:
-        plans["pipeline (slices)"] = planned(pipeline="data", microbatches="auto")
-    finally:
-        settings.replica_splits = weighed
     auto, plan_s = timed(lambda: planned(pipeline="auto", microbatches="auto"))
     plans["auto"] = auto
     reports = {name: compiled(plan) for name, plan in plans.items()}
@@ -115,7 +109,7 @@ def gpt_part(args) -> None:
     best = min(r.total_s for r in feasible)
     print(f"\nauto / best non-pipelined expert: {reports['auto'].total_s / best:.3f} "
           f"(target <= 0.75); planned in {plan_s:.1f} s (the data-axis pipeline alone in "
-          f"{staged_s:.1f} s)")
+          f"{staged_s:.1f} s, microbatches {describe_split(staged)})")
     print(f"auto plan: {auto.pipeline.describe() if auto.pipeline else 'no pipeline'}"
           + (f"; {auto.microbatching}" if auto.microbatching else ""))
     print("pipelines the auto plan weighed (predicted step):")
@@ -131,8 +125,26 @@ def gpt_part(args) -> None:
             print(f"\n{name}: {plan.pipeline.describe()}")
             where_time_goes(reports[name], plan.pipeline, hw)
     if not auto.pipeline:
-        best_case(reports["auto"], permute_seconds(reports["pipeline (data)"]), best,
+        best_case(reports["auto"], permute_seconds(reports["pipeline (whole)"]), best,
                   stages=mesh.shape["data"], batch=cfg.batch)
+
+
+def describe_split(plan) -> str:
+    """How a pipelined plan's microbatches split inside its stages."""
+    axes = plan.pipeline.replica_axes if plan.pipeline else ()
+    return f"split over {','.join(axes)}" if axes else "whole"
+
+
+def forced_split(planned, replica_axes: tuple):
+    """The pipeline over 'data' whose microbatches split over ``replica_axes`` inside the
+    stages (``()``: whole), the search narrowed to that split."""
+    from autoshard import settings
+    weighed = settings.replica_splits
+    settings.replica_splits = lambda axis, sizes: [replica_axes]
+    try:
+        return planned(pipeline="data", microbatches="auto")
+    finally:
+        settings.replica_splits = weighed
 
 
 def compute_split(plan) -> tuple[float, float]:
