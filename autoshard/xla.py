@@ -2,8 +2,9 @@
 
 Which values XLA keeps in memory rather than fusing them (its fusion passes), which
 operands it copies into another layout before a dot or convolution, which transposes it
-folds into dots, which collectives its combiner merges into one, and the width a backend
-moves narrow floats at in collectives and stores them at around dots. ``strategies``
+folds into dots, which collectives its combiner merges into one, what it hoists out of
+loops, and the width a backend moves narrow floats at in collectives and stores them at
+around dots (and where it rounds them in a pass of their own). ``strategies``
 prices strategies with them and ``cost`` builds memory terms and shared latencies from
 them; ``hlo_report`` reads what XLA did in the compiled program. Backend facts read
 from the device (reduce-scatter formed or emulated, collectives combined, those widths)
@@ -61,8 +62,10 @@ def stored_widening(graph: Graph, einsums, materialized, contraction_itemsize: i
     the fusion producing an operand of one converts to f32 before writing it, and the
     contraction writes its result in f32 for its readers to convert back. So a bf16 value
     in memory that a contraction reads (directly, or through a transpose folded into it)
-    or writes takes twice its bytes to write and to read; every other value, and every
-    value on a backend with narrow-float dots (``contraction_itemsize`` 0), its own."""
+    or writes takes twice its bytes to write and to read. A scan stacks such a value wide
+    too (the residual a backward dot reads), and slices that stack wide. Every other
+    value, and every value on a backend with narrow-float dots (``contraction_itemsize``
+    0), takes its own."""
     widened = [1.0] * len(graph.values)
     if not contraction_itemsize:
         return widened
@@ -89,7 +92,7 @@ def read_by_contraction(graph: Graph, einsums, value) -> bool:
     return False
 
 
-# -- loop-invariant code motion: what XLA hoists out of a loop's body ----------------
+# -- loop-invariant code motion: what XLA hoists out of a loop's body -------------------
 
 # ops XLA's loop-invariant code motion hoists only with a user it hoists (it leaves them in
 # the body for simplification and fusion there): WhileLoopInvariantCodeMotion's
