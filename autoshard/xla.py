@@ -138,7 +138,7 @@ def hoisted_runs(graph: Graph, stored: Sequence[float]) -> list[float]:
             made[v] = runs
     hoisted = [False] * len(graph.nodes)
     for node in reversed(graph.nodes):
-        if invariant[node.id] is None or node.kind == "output":
+        if invariant[node.id] is None:
             continue
         worth = node.primitive not in NOT_WORTH_HOISTING or any(
             stored[v] > 1.0 for v in node.outputs)
