@@ -41,17 +41,21 @@ def test_a_scans_compute_is_priced_as_compiled_rolled_or_unrolled(mesh_1d, unrol
     assert plan.cost.compute_s == pytest.approx(report.compute_s, rel=0.08)
 
 
-def microbatched_layers(xs, ws):
+def microbatched_layers(weight_dtype=None):
     """An outer loop over microbatches whose body runs a stack of layers as a scan
     unrolled whole, the stack entering the outer loop as a constant (how a pipeline's
-    stage step reads its layers)."""
-    def microbatch(total, x):
-        def layer(h, w):
-            return jnp.tanh(h @ w), None
-        h, _ = jax.lax.scan(layer, x, ws, unroll=True)
-        return total + jnp.sum(h.astype(F32)), None
-    total, _ = jax.lax.scan(microbatch, 0.0, xs)
-    return total
+    stage step reads its layers); each layer's weight cast to ``weight_dtype`` if given
+    (f32 weights, bf16 dots), a cast that is loop-invariant too."""
+    def fn(xs, ws):
+        def microbatch(total, x):
+            def layer(h, w):
+                w = w if weight_dtype is None else w.astype(weight_dtype)
+                return jnp.tanh(h @ w), None
+            h, _ = jax.lax.scan(layer, x, ws, unroll=True)
+            return total + jnp.sum(h.astype(F32)), None
+        total, _ = jax.lax.scan(microbatch, 0.0, xs)
+        return total
+    return fn
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, F32])
@@ -60,12 +64,12 @@ def test_static_slices_of_a_stack_the_outer_loop_keeps(mesh_1d, dtype):
     # out of the microbatch loop: it runs once, not once a trip (priced once a trip
     # before). An f32 slice alone is not worth hoisting: it stays in the loop.
     args = (jax.ShapeDtypeStruct((8, 64, 512), dtype), jax.ShapeDtypeStruct((4, 512, 512), dtype))
-    compiled = jax.jit(microbatched_layers).lower(*args).compile().as_text()
+    compiled = jax.jit(microbatched_layers()).lower(*args).compile().as_text()
     entry = compiled[compiled.index("ENTRY"):]
     hoisted = dtype == jnp.bfloat16
     assert ("f32[512,512]" in entry) == hoisted
 
-    graph = build_graph(trace_program(microbatched_layers, *args))
+    graph = build_graph(trace_program(microbatched_layers(), *args))
     hw, backend = autoshard.H100, Backend.of(mesh_1d)
     space = build_strategies(graph, axis_sizes(mesh_1d), hw, {}, backend)
     slices = [n for n in graph.nodes if n.primitive == "loop_xs" and n.params.get("static")]
@@ -77,25 +81,14 @@ def test_static_slices_of_a_stack_the_outer_loop_keeps(mesh_1d, dtype):
     assert whole[0].compute_s == pytest.approx(hw.compute_seconds(0.0, 2 * layer_bytes) * 4 * runs)
 
 
-def mixed_precision_microbatches(xs, ws):
-    """f32 weights cast to bf16 inside the layers of a scan unrolled whole, inside a loop
-    over microbatches that keeps them: each layer's cast is loop-invariant."""
-    def microbatch(total, x):
-        def layer(h, w):
-            return jnp.tanh(h @ w.astype(jnp.bfloat16)), None
-        h, _ = jax.lax.scan(layer, x, ws, unroll=True)
-        return total + jnp.sum(h.astype(F32)), None
-    total, _ = jax.lax.scan(microbatch, 0.0, xs)
-    return total
-
-
 def test_casts_of_the_layers_an_outer_loop_keeps_run_once_a_layer():
     # XLA hoists each layer's slice and cast out of the microbatch loop
     args = (jax.ShapeDtypeStruct((8, 64, 512), jnp.bfloat16),
             jax.ShapeDtypeStruct((4, 512, 512), F32))
-    compiled = jax.jit(mixed_precision_microbatches).lower(*args).compile().as_text()
+    mixed_precision = microbatched_layers(jnp.bfloat16)
+    compiled = jax.jit(mixed_precision).lower(*args).compile().as_text()
     assert compiled[compiled.index("ENTRY"):].count("f32[512,512]") >= 4
-    graph = build_graph(trace_program(mixed_precision_microbatches, *args))
+    graph = build_graph(trace_program(mixed_precision, *args))
     runs = hoisted_runs(graph, [1.0] * len(graph.values))
     casts = [n for n in graph.nodes if n.primitive == "convert_element_type"
              and n.operand_shapes[0] == (512, 512)]
