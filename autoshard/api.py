@@ -246,7 +246,8 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
       hardware: per-device speeds (default: the profile of the mesh's device kind,
         ``hardware.DEVICE_KINDS``; an H100 node on CPU).
       memory_budget: bytes per device (default ``hardware.memory``), counted as XLA does:
-        arguments + outputs + temporaries - donated.
+        arguments + outputs + temporaries - donated, the temporaries as live at the
+        peak (XLA's packing of them can take a few percent more; see the README).
       pins: ``{"params['wq']": PartitionSpec(None, "model")}``: specs the plan must keep,
         for arguments (by path, or a path prefix for a whole subtree) and for outputs
         (``"out"``, ``"out[0]"``, ...); or, like ``jax.jit``'s ``in_shardings``, a tuple
