@@ -73,9 +73,9 @@ def test_zoo_gpt_small_under_a_tight_budget_compiles_within_it(mesh_1d):
     counted only at the lookup, the plan compiled 0.3 MiB over its 42 MiB budget. The
     margin is thin: XLA's packing of the temporaries takes 0.75 MiB over their live
     peak, which the planner does not model (README). This plan fits because the planner
-    also counts the gathered table's copy held to the peak, 1 MiB XLA frees; a plan
-    without that copy, whose live peak XLA puts 0.15 MiB below the prediction, compiles
-    0.4 MiB over the budget."""
+    also counts a 1 MiB copy of the table held through the peak, which XLA's live peak
+    does not show (the prediction is 1.1 MiB over it); a plan without that copy, whose
+    live peak XLA puts 0.15 MiB below the prediction, compiles 0.4 MiB over the budget."""
     case = models.train_case("gpt", "small", abstract=True)
     args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), case.args)
     donate = tuple(case.donate_argnums)
