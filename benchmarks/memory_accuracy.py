@@ -1,0 +1,121 @@
+"""Memory accuracy: the planner's peak against XLA's live peak and XLA's allocation.
+
+``memory_analysis()`` counts what XLA allocates: arguments, outputs and one heap of
+temporaries, minus donated buffers. The heap is larger than the bytes live at its peak,
+because XLA's buffer assignment cannot pack the temporaries without gaps; the planner
+counts the live bytes and does not model that packing. XLA's buffer-assignment dump gives
+both figures for each compiled program. Its live peak counts an output only from when it
+is written; for a train step whose state is donated, the outputs are the arguments.
+
+For each program and mesh: the auto plan and every expert layout (pinned, the solver
+filling in the rest), compiled with XLA's dump on. Prints the predicted peak, XLA's live
+peak and its allocation (MiB), the prediction's error against the live peak (the
+planner's own error) and the allocation's excess over the live peak (the packing), then
+the median and worst of each per program and mesh.
+
+Run: python benchmarks/memory_accuracy.py [--programs gpt,moe,plain_lm,plain_moe,plain_cnn]
+                                          [--meshes 8,2x4]
+"""
+
+import argparse
+import os
+import pathlib
+import re
+import sys
+import tempfile
+
+DUMP = tempfile.mkdtemp(prefix="xla-dump-")
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + " --xla_force_host_platform_device_count=16"
+                           + f" --xla_dump_to={DUMP} --xla_dump_hlo_module_re=jit_fn").strip()
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+import autoshard  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cost_accuracy import PROGRAMS  # noqa: E402
+from plan_quality import hardware_for, mesh_for  # noqa: E402
+
+MIB = 2 ** 20
+LIVE_PEAK = re.compile(r"Stack trace breakdown for peak usage: ([\d ]+) bytes")
+ALLOCATED = re.compile(r"Total bytes: (\d+)")
+
+
+def newest_module(suffix: str) -> pathlib.Path:
+    """The dump file of the module compiled last (modules are numbered in order)."""
+    found = sorted(pathlib.Path(DUMP).glob(f"module_*{suffix}"))
+    if not found:
+        raise FileNotFoundError(f"no XLA dump *{suffix} under {DUMP}")
+    return found[-1]
+
+
+def xla_memory() -> tuple[int, int]:
+    """(live peak, allocated) bytes of the program compiled last, from XLA's dump."""
+    live = LIVE_PEAK.search(newest_module("-live-range.txt").read_text())
+    allocated = ALLOCATED.search(newest_module("-memory-usage-report.txt").read_text())
+    return int(live.group(1).replace(" ", "")), int(allocated.group(1))
+
+
+def layouts(case, mesh) -> dict:
+    return {"auto": None, **{name: fn(mesh) for name, fn in case.experts.items()}}
+
+
+def measure(program: str, case, mesh_name: str) -> list[tuple]:
+    mesh, hw = mesh_for(mesh_name), hardware_for(mesh_name)
+    args = case.abstract_args()
+    rows = []
+    for layout, pins in layouts(case, mesh).items():
+        try:
+            plan = autoshard.plan(case.train_step, *args, mesh=mesh, hardware=hw, pins=pins,
+                                  donate_argnums=case.donate_argnums, progress=False)
+            plan.jit().lower(*args).compile()
+            live, allocated = xla_memory()
+        except Exception as e:   # a layout the planner or XLA refuses is reported
+            print(f"  {program} {mesh_name} {layout}: {type(e).__name__}: {e}"[:160],
+                  file=sys.stderr)
+            continue
+        predicted = plan.cost.memory_bytes
+        row = (program, mesh_name, layout, predicted, live, allocated,
+               predicted / live - 1, allocated / live - 1)
+        print(f"{program:10} {mesh_name:4} {layout:16} {predicted / MIB:9.2f} "
+              f"{live / MIB:9.2f} {allocated / MIB:9.2f} {row[6] * 100:+7.1f}% "
+              f"{row[7] * 100:+7.1f}%", flush=True)
+        rows.append(row)
+    return rows
+
+
+def summarize(rows: list[tuple]) -> None:
+    print(f"\n{'program':10} {'mesh':4} {'plans':>5} {'|pred/live-1| median':>21} "
+          f"{'worst':>7} {'packing median':>15} {'worst':>7}")
+    groups: dict = {}
+    for row in rows:
+        groups.setdefault(row[:2], []).append(row)
+    for (program, mesh), group in groups.items():
+        errors = np.abs([r[6] for r in group])
+        packing = np.array([r[7] for r in group])
+        print(f"{program:10} {mesh:4} {len(group):5} {np.median(errors) * 100:20.1f}% "
+              f"{errors.max() * 100:6.1f}% {np.median(packing) * 100:14.1f}% "
+              f"{packing.max() * 100:6.1f}%")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--programs", default=",".join(PROGRAMS))
+    parser.add_argument("--meshes", default="8,2x4")
+    args = parser.parse_args(argv)
+    print(f"XLA's dump: {DUMP}")
+    print(f"{'program':10} {'mesh':4} {'layout':16} {'pred MiB':>9} {'live MiB':>9} "
+          f"{'alloc MiB':>9} {'pred/live':>8} {'packing':>8}")
+    rows = []
+    for program in args.programs.split(","):
+        case = PROGRAMS[program]()
+        for mesh_name in args.meshes.split(","):
+            rows += measure(program, case, mesh_name)
+    summarize(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
