@@ -23,13 +23,13 @@ import pathlib
 import re
 import sys
 import tempfile
+from typing import NamedTuple
 
 DUMP = tempfile.mkdtemp(prefix="xla-dump-")
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=16"
                            + f" --xla_dump_to={DUMP} --xla_dump_hlo_module_re=jit_fn").strip()
 
-import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import autoshard  # noqa: E402
@@ -41,6 +41,25 @@ from plan_quality import hardware_for, mesh_for  # noqa: E402
 MIB = 2 ** 20
 LIVE_PEAK = re.compile(r"Stack trace breakdown for peak usage: ([\d ]+) bytes")
 ALLOCATED = re.compile(r"Total bytes: (\d+)")
+
+
+class Measured(NamedTuple):
+    program: str
+    mesh: str
+    layout: str
+    predicted: float   # bytes
+    live: int          # XLA's peak of live bytes
+    allocated: int     # what memory_analysis() counts
+
+    @property
+    def error(self) -> float:
+        """The prediction against XLA's live peak."""
+        return self.predicted / self.live - 1
+
+    @property
+    def packing(self) -> float:
+        """The allocation's excess over XLA's live peak."""
+        return self.allocated / self.live - 1
 
 
 def newest_module(suffix: str) -> pathlib.Path:
@@ -62,7 +81,7 @@ def layouts(case, mesh) -> dict:
     return {"auto": None, **{name: fn(mesh) for name, fn in case.experts.items()}}
 
 
-def measure(program: str, case, mesh_name: str) -> list[tuple]:
+def measure(program: str, case, mesh_name: str) -> list[Measured]:
     mesh, hw = mesh_for(mesh_name), hardware_for(mesh_name)
     args = case.abstract_args()
     rows = []
@@ -76,25 +95,23 @@ def measure(program: str, case, mesh_name: str) -> list[tuple]:
             print(f"  {program} {mesh_name} {layout}: {type(e).__name__}: {e}"[:160],
                   file=sys.stderr)
             continue
-        predicted = plan.cost.memory_bytes
-        row = (program, mesh_name, layout, predicted, live, allocated,
-               predicted / live - 1, allocated / live - 1)
-        print(f"{program:10} {mesh_name:4} {layout:16} {predicted / MIB:9.2f} "
-              f"{live / MIB:9.2f} {allocated / MIB:9.2f} {row[6] * 100:+7.1f}% "
-              f"{row[7] * 100:+7.1f}%", flush=True)
-        rows.append(row)
+        m = Measured(program, mesh_name, layout, plan.cost.memory_bytes, live, allocated)
+        print(f"{program:10} {mesh_name:4} {layout:16} {m.predicted / MIB:9.2f} "
+              f"{live / MIB:9.2f} {allocated / MIB:9.2f} {m.error * 100:+7.1f}% "
+              f"{m.packing * 100:+7.1f}%", flush=True)
+        rows.append(m)
     return rows
 
 
-def summarize(rows: list[tuple]) -> None:
+def summarize(rows: list[Measured]) -> None:
     print(f"\n{'program':10} {'mesh':4} {'plans':>5} {'|pred/live-1| median':>21} "
           f"{'worst':>7} {'packing median':>15} {'worst':>7}")
     groups: dict = {}
-    for row in rows:
-        groups.setdefault(row[:2], []).append(row)
+    for m in rows:
+        groups.setdefault((m.program, m.mesh), []).append(m)
     for (program, mesh), group in groups.items():
-        errors = np.abs([r[6] for r in group])
-        packing = np.array([r[7] for r in group])
+        errors = np.abs([m.error for m in group])
+        packing = np.array([m.packing for m in group])
         print(f"{program:10} {mesh:4} {len(group):5} {np.median(errors) * 100:20.1f}% "
               f"{errors.max() * 100:6.1f}% {np.median(packing) * 100:14.1f}% "
               f"{packing.max() * 100:6.1f}%")
