@@ -20,8 +20,8 @@ from autoshard.hardware import Backend, Hardware
 from autoshard.rules import RULES, Einsum, rule_for
 from autoshard.rules.replicated import REPLICATED
 from autoshard.specs import Spec
-from autoshard.xla import (collective_widening, contraction, hoisted_runs,
-                           materialized_values, moves_no_data, reshapes_dot_result,
+from autoshard.xla import (collective_widening, contraction, fused_static_slices,
+                           hoisted_runs, materialized_values, moves_no_data, reshapes_dot_result,
                            stored_widening, trailing_nodes, transposed_operands,
                            transposes_dot_result, widening)
 
@@ -113,6 +113,7 @@ class _Context:
     # a transpose its producing dot computes (``xla.transposes_dot_result``)
     dot_transposed: bool = False
     runs: float = 1.0   # how many times XLA runs the node a call (``xla.hoisted_runs``)
+    fused_slice: bool = False   # a static slice its readers fuse (``xla.fused_static_slices``)
 
 
 def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, ctx) -> list[Strategy]:
@@ -143,8 +144,8 @@ def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, ctx) -
         compute_s = (hw.compute_seconds(flops, touched) + layout_copy_seconds(
             stored_in, transposed, hw)) * ctx.runs
         if node.kind in ("output", "boundary"):
-            compute_s = slice_copy_seconds(node, out_shapes, stored_in, stored_out, hw,
-                                           ctx.runs)
+            compute_s = (0.0 if ctx.fused_slice else
+                         slice_copy_seconds(node, out_shapes, stored_in, stored_out, hw, ctx.runs))
         partial_axes = tuple(a for a in axis_sizes
                              for l in einsum.reduce if a in split.get(l, ()))
         name = strategy_name(split)
@@ -422,6 +423,7 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
     materialized = materialized_values(graph, einsums)
     stored = stored_widening(graph, einsums, materialized, backend.contraction_itemsize)
     runs = hoisted_runs(graph, stored)
+    fused = fused_static_slices(graph, einsums)
     trailing = (trailing_nodes(graph, einsums) if backend.combined
                 else [False] * len(graph.nodes))
     unsplit = whole_values(graph)
@@ -448,12 +450,12 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
                  tuple(unsplit[v.id] for v in out_values))
         dot_transposed = transposes_dot_result(graph, node)
         key = (signatures[node.id], reads, writes, trailing[node.id], pins.get(node.id), whole,
-               dot_transposed, runs[node.id])
+               dot_transposed, runs[node.id], fused[node.id])
         if key not in known:
             known[key] = tuple(node_strategies(node, einsum, out_values, pins.get(node.id),
                                                _Context(axis_sizes, hw, (reads, writes),
                                                         backend, dot_transposed,
-                                                        runs[node.id]),
+                                                        runs[node.id], fused[node.id]),
                                                 whole))
         all_strategies.append(known[key])
     numbers = {}   # every tuple is alive here, so its id names it

@@ -295,6 +295,25 @@ def materialized_values(graph: Graph, einsums) -> list[bool]:
     return flags
 
 
+def fused_static_slices(graph: Graph, einsums) -> list[bool]:
+    """Per node: a scan unrolled whole's static slice of its stack (a ``loop_xs`` seam
+    marked ``static``) that XLA fuses into its readers: every reader is an elementwise
+    op, which reads its layer's part of the stack where it lies. The slice then costs no
+    pass of its own. A dot or convolution reads a buffer of its own (on CPU, its operand
+    converted to f32), and a loop reads its state whole, so a slice they read is copied.
+    Seen in a pipeline's stage loop: each layer's residuals sliced from the stage's
+    stack by the fusions that use them."""
+    fused = [False] * len(graph.nodes)
+    for node in graph.nodes:
+        if node.primitive != "loop_xs" or not node.params.get("static"):
+            continue
+        readers = [u for v in node.outputs for u, _ in graph.users[v]]
+        fused[node.id] = bool(readers) and all(
+            graph.nodes[u].kind == "eqn" and einsums[u] is not None and einsums[u].fusible
+            and not contraction(einsums[u]) for u in readers)
+    return fused
+
+
 def expensive(einsum) -> bool:
     """An elementwise op XLA fuses into one consumer only (``Einsum.expensive``): read by
     several, its result is written to memory."""
