@@ -185,6 +185,15 @@ class Backend:
     native_reduce_scatter: bool
     contraction_itemsize: int = 0
 
+    def combined_as(self, kind: str, trailing: bool = False) -> str | None:
+        """The kind XLA's combiner merges a collective of ``kind`` into, None where it
+        leaves it alone. Without reduce-scatter a reduce-scatter is an all-reduce whose
+        slice is kept: at the end of a computation (``trailing``: a gradient's) it joins
+        the combined all-reduce there."""
+        if kind == "reduce-scatter" and not self.native_reduce_scatter and trailing:
+            kind = "all-reduce"
+        return kind if kind in self.combined else None
+
     @classmethod
     def bare(cls) -> "Backend":
         """A backend that combines nothing, reduces each dtype at its own width and forms

@@ -114,6 +114,7 @@ class _Context:
     dot_transposed: bool = False
     runs: float = 1.0   # how many times XLA runs the node a call (``xla.hoisted_runs``)
     fused_slice: bool = False   # a static slice its readers fuse (``xla.fused_static_slices``)
+    trailing: bool = False   # its collectives join the one combined at the end
 
 
 def einsum_strategies(node: Node, einsum: Einsum, out_shapes, out_dtypes, ctx) -> list[Strategy]:
@@ -243,9 +244,10 @@ def reduction_variants(node, name, in_specs, out_specs, out_shapes, out_bytes, p
     def priced(kind, seconds_fn, axes, num_bytes=num_bytes):
         n, bw = group_of(axes, axis_sizes), hw.group_bandwidth(axes)
         seconds = seconds_fn(num_bytes, n, bw, hw.link_latency) * node.weight
-        if kind in ctx.backend.combined:   # the combiner pays the latency once for all,
-            # once per iteration of the loop body holding it (cost.SharedCost)
-            return seconds - hw.link_latency * node.weight, ((kind, axes),)
+        merged = ctx.backend.combined_as(kind, ctx.trailing)
+        if merged is not None:   # the combiner pays the latency once for all, once per
+            # iteration of the loop body holding it (cost.SharedCost)
+            return seconds - hw.link_latency * node.weight, ((merged, axes),)
         return seconds, ()
     reduces, combined = [], ()
     for axes in per_label:
@@ -455,7 +457,8 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
             known[key] = tuple(node_strategies(node, einsum, out_values, pins.get(node.id),
                                                _Context(axis_sizes, hw, (reads, writes),
                                                         backend, dot_transposed,
-                                                        runs[node.id], fused[node.id]),
+                                                        runs[node.id], fused[node.id],
+                                                        trailing[node.id]),
                                                 whole))
         all_strategies.append(known[key])
     numbers = {}   # every tuple is alive here, so its id names it

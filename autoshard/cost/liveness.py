@@ -271,9 +271,7 @@ class Liveness:
             reductions = [c for c in strategy.collectives if c.kind in REDUCTIONS]
             for c in reductions[:1]:
                 emulated = c.kind == "reduce-scatter" and not self.native_reduce_scatter
-                if strategy.combined and joins:
-                    at_combine[s] += c.num_bytes
-                elif emulated and (joins or self.slices_fused(value.id)):
+                if emulated and (joins or self.slices_fused(value.id)):
                     out_bytes = specs.per_device_bytes(value.shape, value.dtype,
                                                        strategy.out_specs[0], self.axis_sizes)
                     held[s] += c.num_bytes - out_bytes
@@ -281,6 +279,8 @@ class Liveness:
                         at_combine[s] += c.num_bytes
                     else:   # the partial result; the full one is held
                         at_node[s] += c.num_bytes
+                elif strategy.combined and joins:
+                    at_combine[s] += c.num_bytes
                 else:   # the partial result, and an emulated reduce-scatter's full one
                     at_node[s] += c.num_bytes * (2 if emulated else 1)
         return tuple(b if b.any() else None for b in (at_node, held, at_combine))
