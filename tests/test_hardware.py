@@ -81,12 +81,17 @@ def test_backend_facts_follow_the_platform(mesh_2d):
     # XLA:CPU combines only all-reduces, reduces bf16 in f32, and all-reduces then slices
     assert (cpu.platform, cpu.combined, cpu.collective_itemsize, cpu.native_reduce_scatter) \
         == ("cpu", ("all-reduce",), 4, False)
+    # its reduce-scatters are all-reduces: a gradient's joins the combined one at the end
+    assert cpu.combined_as("reduce-scatter", trailing=True) == "all-reduce"
+    assert cpu.combined_as("reduce-scatter") is None
+    assert cpu.combined_as("all-gather", trailing=True) is None
     for platform in ("cuda", "rocm", "gpu"):
         mesh = fake_mesh("NVIDIA H100 80GB HBM3", (8,), ("data",), 8)
         mesh.devices.flat[0] = dataclasses.replace(mesh.devices.flat[0], platform=platform)
         gpu = hardware.Backend.of(mesh)
         assert gpu.platform == "gpu" and gpu.native_reduce_scatter
         assert set(gpu.combined) == {"all-reduce", "all-gather", "reduce-scatter"}
+        assert gpu.combined_as("reduce-scatter", trailing=True) == "reduce-scatter"
         assert gpu.collective_itemsize == 0                # moves the program's dtype
 
 
