@@ -215,7 +215,7 @@ def test_cpu_gradient_reduce_scatters_join_the_combined_all_reduce(mesh_1d):
     """FSDP on CPU: XLA:CPU has no reduce-scatter, so the partitioner all-reduces each
     weight gradient and keeps a slice, and the combiner merges those all-reduces with the
     loss's into one. Priced as one latency for all, reduce-scattering the gradients beats
-    all-reducing them whole (compiled: 46.4 against 49.6 us), and the plan prices the
+    all-reducing them whole (compiled communication: 46.4 against 49.6 us), and the plan prices the
     program it compiles to."""
     def step(params, x):
         def loss(p):
