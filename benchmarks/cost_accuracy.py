@@ -157,11 +157,17 @@ def measure(program: str, case, mesh_name: str, num_random: int) -> list[Measure
     return out
 
 
-def summarize(rows: list[Measured], worst: int) -> None:
-    print(f"\n{'program':10} {'mesh':4} {'plans':>5} {'median':>8} {'worst':>8} {'spearman':>9}")
+def by_program_and_mesh(rows) -> dict:
+    """Measured rows grouped by (program, mesh), in the order first seen."""
     groups: dict = {}
     for m in rows:
         groups.setdefault((m.program, m.mesh), []).append(m)
+    return groups
+
+
+def summarize(rows: list[Measured], worst: int) -> None:
+    print(f"\n{'program':10} {'mesh':4} {'plans':>5} {'median':>8} {'worst':>8} {'spearman':>9}")
+    groups = by_program_and_mesh(rows)
     for (program, mesh), group in groups.items():
         errors = np.abs([m.error for m in group])
         rho = stats.spearmanr([m.predicted_s for m in group],

@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 import autoshard  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cost_accuracy import PROGRAMS  # noqa: E402
+from cost_accuracy import PROGRAMS, by_program_and_mesh  # noqa: E402
 from plan_quality import hardware_for, mesh_for  # noqa: E402
 
 MIB = 2 ** 20
@@ -106,10 +106,7 @@ def measure(program: str, case, mesh_name: str) -> list[Measured]:
 def summarize(rows: list[Measured]) -> None:
     print(f"\n{'program':10} {'mesh':4} {'plans':>5} {'|pred/live-1| median':>21} "
           f"{'worst':>7} {'packing median':>15} {'worst':>7}")
-    groups: dict = {}
-    for m in rows:
-        groups.setdefault((m.program, m.mesh), []).append(m)
-    for (program, mesh), group in groups.items():
+    for (program, mesh), group in by_program_and_mesh(rows).items():
         errors = np.abs([m.error for m in group])
         packing = np.array([m.packing for m in group])
         print(f"{program:10} {mesh:4} {len(group):5} {np.median(errors) * 100:20.1f}% "
