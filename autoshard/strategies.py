@@ -275,7 +275,11 @@ def reduction_variants(node, name, in_specs, out_specs, out_shapes, out_bytes, p
             spec = out[:d] + (scattered,) + out[d + 1:]
             replicas = math.prod(n for a, n in axis_sizes.items()
                                  if a not in specs.spec_axes(spec))
-            if first or replicas == 1 or replicas % group_of(partial_axes, axis_sizes):
+            if out[d] and batch_label(einsum, d):
+                variants.append(regathered_scatter(node, name, in_specs, spec, compute_s,
+                                                   partial_axes, d, out[d], num_bytes,
+                                                   priced, ctx))
+            elif first or replicas == 1 or replicas % group_of(partial_axes, axis_sizes):
                 variants.append(Strategy(name + f" reduce-scatter({'+'.join(partial_axes)})->{d}",
                                          in_specs, (spec,), compute_s, seconds, scatter, joins))
             else:
@@ -303,6 +307,33 @@ def replicated_scatter(node, name, in_specs, spec, compute_s, partial_axes, d, s
                    Collective("collective-permute", axes, shard_bytes, permute))
     return Strategy(name + f" reduce-scatter({'+'.join(partial_axes)})->{d}", in_specs,
                     (spec,), compute_s, ar + permute, collectives, joins)
+
+
+def batch_label(einsum: Einsum, d: int) -> bool:
+    """Whether the result's dim ``d`` is a batch dim of the op: one every operand has."""
+    label = einsum.outputs[0][d]
+    return label is not None and all(label in term for term in einsum.operands)
+
+
+def regathered_scatter(node, name, in_specs, spec, compute_s, partial_axes, d, split_by,
+                       num_bytes, priced, ctx) -> Strategy:
+    """A contraction scattered onto a batch dim its operands already split (over
+    ``split_by``): XLA's partitioner does not slice the all-reduced result where it
+    lies. It all-reduces the partial result over the contracted axes, all-gathers it
+    over the batch dim's axes and keeps its device's slice of the whole. [16,128,8,32] x
+    [16,8,32,256] batched over e (split over data), contracted over model, to e over
+    (data, model): all-reduce f32[2,128,256] over model, all-gather f32[16,128,256] over
+    data, on 8x2, 4x2 and 2x4 meshes, in f32 and bf16. Scattered onto a batch dim the
+    operands do not split, or onto a split dim that is not a batch dim, it slices."""
+    ar, ar_joins = priced("all-reduce", hwlib.all_reduce_seconds, partial_axes)
+    gathered = num_bytes * group_of(split_by, ctx.axis_sizes)
+    ag, ag_joins = priced("all-gather", hwlib.all_gather_seconds, split_by, gathered)
+    collectives = (Collective("all-reduce", partial_axes, num_bytes, ar),
+                   Collective("all-gather", split_by, gathered, ag))
+    kept = num_bytes / group_of(partial_axes, ctx.axis_sizes)
+    slice_s = ctx.hardware.compute_seconds(0.0, 2 * kept) * node.weight
+    return Strategy(name + f" reduce-scatter({'+'.join(partial_axes)})->{d}", in_specs,
+                    (spec,), compute_s + slice_s, ar + ag, collectives, ar_joins + ag_joins)
 
 
 def value_strategies(shape, axis_sizes, pinned: Spec | None = None) -> list[Strategy]:

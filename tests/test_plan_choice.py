@@ -238,3 +238,24 @@ def test_cpu_gradient_reduce_scatters_join_the_combined_all_reduce(mesh_1d):
     scattered = [c for c in reductions if c.kind == "reduce-scatter"]
     assert scattered and scattered[0].num_bytes == 4 * (256 * 512 * 2 + 256 * 256)
     assert plan.cost.comm_s == pytest.approx(report.comm_s, rel=0.01)
+
+
+
+def test_scattering_onto_a_split_batch_dim_is_priced_as_xla_partitions_it(mesh_2d):
+    """An expert's second dot, batched over experts split over data and contracted over
+    model, with its result wanted over (data, model) on the expert dim: XLA's partitioner
+    does not reduce-scatter onto that batch dim. It all-reduces over model, all-gathers
+    the whole result over data and keeps its slice. Priced so, the plan all-reduces and
+    slices where the result lies, and its communication is the compiled program's. Priced
+    as a reduce-scatter, it scattered, and compiled to an all-gather it did not price."""
+    def experts(h, w):
+        return jnp.tanh(jnp.einsum("ebhd,ehdf->ebf", h, w))
+    f32 = jnp.float32
+    args = (jax.ShapeDtypeStruct((16, 128, 8, 32), f32),
+            jax.ShapeDtypeStruct((16, 8, 32, 256), f32))
+    pins = {"h": P("data", None, None, "model"), "w": P("data", None, "model"),
+            "out": P(("data", "model"))}
+    plan = autoshard.plan(experts, *args, mesh=mesh_2d, cache=False, pins=pins)
+    report = hlo_report(plan.jit().lower(*args).compile(), plan.hardware, mesh_2d)
+    assert [c.kind for c in report.collectives] == ["all-reduce"]
+    assert plan.cost.comm_s == pytest.approx(report.comm_s, rel=0.01)
