@@ -366,8 +366,13 @@ class Liveness:
         return self._uncopied
 
     def shared_copy_spans(self, from_args: Sequence[bool]):
-        """(term, first node, last node) of every copy readers share:
-        held from the first of them that may make it (see ``copy_starts``) to the last."""
-        for k, value_id, readers, num_bytes in self.shared_copies_held:
+        """(term, first node, last node) of every copy readers share: held from the first
+        of them that may make it (see ``copy_starts``) to the last that shares it, as a
+        term per reading node, each held up to that node if a read at or after it shares
+        the copy (``shared.held_until``)."""
+        for value_id, num_bytes, until in self.shared_copies_held:
             starts = self.copy_starts(value_id, from_args)
-            yield CopyTerm(k, num_bytes), min(starts[r] for r in readers), max(readers)
+            first = min(starts[node] for _, node in until)
+            for k, node in until:
+                yield CopyTerm(k, num_bytes), first, node
+                first = node + 1

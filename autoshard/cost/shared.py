@@ -36,6 +36,22 @@ def shared_reads(graph, group_of_node: Sequence[int]) -> dict[tuple[int, int], t
     return {read: key for key, found in reads.items() if len(found) > 1 for read in found}
 
 
+def held_until(shared: list, seconds: float, members: list) -> tuple[tuple[int, int], ...]:
+    """Appends to ``shared`` a copy's ``SharedEdgeCost`` (``members``: (reading node,
+    (group, reader's group, marked pairs)) per read that may share it), and one of no
+    seconds per later reading node, paid if a read at or after that node shares the copy;
+    returns (that cost's index, the node) per reading node, in program order. XLA keeps
+    the copy until its last reader that shares it: past that reader it is not held (a
+    weight gathered for the forward and backward passes is not held through the
+    optimizer's update, which reads the weight as it is stored)."""
+    until = []
+    for j, node in enumerate(sorted({node for node, _ in members})):
+        until.append((len(shared), node))
+        shared.append(SharedEdgeCost(seconds if j == 0 else 0.0,
+                                     tuple(m for n, m in members if n >= node)))
+    return tuple(until)
+
+
 class SharedCopies:
     """Shared copies and combined latencies, for the builder (``graph._Builder``), which
     holds the program; this room keeps the copies readers share and its caches."""
@@ -51,9 +67,10 @@ class SharedCopies:
     def build_shared_reshards(self) -> tuple[tuple[SharedEdgeCost, ...], dict, list]:
         """A ``SharedEdgeCost`` per value, spec it is written in (those a copy costs alike
         from, together) and spec that two or more of its readers (``shared_reads``) may
-        want; per such read, its value's key and masks over its reader's strategies of
-        the specs it no longer pays for, and no longer holds, on its own; and per shared
-        reshard, (its index, the value, the readers that may share it, the copy's bytes)."""
+        want (with those ``held_until`` adds); per such read, its value's key and masks
+        over its reader's strategies of the specs it no longer pays for, and no longer
+        holds, on its own; and per copy, (the value, the copy's bytes, ``held_until``'s
+        (index, node) per node that may read it)."""
         by_key: dict[tuple, list] = {}
         for read, key in shared_reads(self.graph, self.group_of_node).items():
             by_key.setdefault(key, []).append(read)
@@ -66,10 +83,8 @@ class SharedCopies:
             gu = self.group_of_node[value.producer]
             readers = [self.group_of_node[n] for n, _ in reads]
             for seconds, paid_by, num_bytes in copies:
-                held.append((len(shared), value_id,
-                             tuple(reads[r][0] for r, _ in paid_by), num_bytes))
-                shared.append(SharedEdgeCost(seconds, tuple((gu, readers[r], marked)
-                                                           for r, marked in paid_by)))
+                members = [(reads[r][0], (gu, readers[r], marked)) for r, marked in paid_by]
+                held.append((value_id, num_bytes, held_until(shared, seconds, members)))
             for read, paid_mask, held_mask in zip(reads, paid, holds):
                 if held_mask.any():
                     paid_once[read] = (value_id, weight), paid_mask, held_mask
