@@ -30,7 +30,7 @@ from scipy import optimize, sparse
 
 from autoshard.request import (CopyTerm, GroupTerm, LiveRows, PairTerm, Request, Touching,
                                allowed_mask, evaluate, fits, group_seconds, is_valid,
-                               peak_memory, row_bytes, tie_mask)
+                               peak_memory, row_bytes, term_values, tie_mask)
 
 try:   # HiGHS as scipy bundles it, for LPs re-solved from their last basis (``PricedLp``)
     from scipy.optimize._highspy import _core as highs_core
@@ -476,15 +476,16 @@ def term_prices(request: Request, row_prices: np.ndarray) -> np.ndarray:
 LAGRANGE_ROUNDS = 12
 
 
-def lagrangian(request: Request, ilp: _Ilp, choice: np.ndarray, deadline: float):
+def lagrangian(request: Request, ilp: _Ilp, choice: np.ndarray, deadline: float,
+               visited: list | None = None):
     """Memory priced into the objective instead of constrained (Lagrangian relaxation).
 
     Row prices are a shape (where memory runs over: the violations seen so far, summed)
     times a level, searched by bisection: raised while the plan runs over the budget,
     lowered once it fits. Every priced problem is the unconstrained one, whose relaxation
-    is integral, and differs from the last in its costs alone (``PricedLp``). Returns
-    (best choice within the budget or None, its seconds, a lower bound on the budgeted
-    optimum in seconds)."""
+    is most often integral, and differs from the last in its costs alone (``PricedLp``).
+    Returns (best choice within the budget or None, its seconds, a lower bound on the
+    budgeted optimum in seconds); appends every choice it prices to ``visited``."""
     budget = request.memory_budget
     priced = PricedLp(ilp, warm=ilp.num_vars > WARM_MIN_VARIABLES)
     unit = max(evaluate(request, choice)[0], 1e-9) / budget   # the budget costs a plan
@@ -492,6 +493,8 @@ def lagrangian(request: Request, ilp: _Ilp, choice: np.ndarray, deadline: float)
     best, best_seconds, bound = None, np.inf, 0.0
     level, low, high = 0.0, 0.0, np.inf     # ``choice`` is the plan at level 0
     for _ in range(LAGRANGE_ROUNDS):
+        if visited is not None:
+            visited.append(choice)
         over = row_bytes(request, choice) / budget - 1
         if over.max() <= 1e-9:
             seconds = evaluate(request, choice)[0]
@@ -509,8 +512,7 @@ def lagrangian(request: Request, ilp: _Ilp, choice: np.ndarray, deadline: float)
             break
         row_prices = level * unit * shape / shape.sum()
         candidate, status = priced.solve(deadline - time.perf_counter(),
-                                          ilp.memory_coefficients(term_prices(request,
-                                                                              row_prices)))
+                                          term_prices(request, row_prices))
         if candidate is None:
             break
         choice = candidate
@@ -531,16 +533,41 @@ class PricedLp:
         self.ilp = ilp
         self.warm = warm and highs_core is not None
 
-    def solve(self, time_limit_s: float, extra_cost: np.ndarray):
-        """(the relaxation's largest x per group, or None; milp's status: 0 optimal, 1 out
-        of time, 2 infeasible, 4 other), rounded as ``_Ilp.solve(rounded=True)``."""
-        if not self.warm:
-            return self.ilp.solve(time_limit_s, extra_cost, rounded=True)
-        x, status = lp_solve(self.ilp.lp(), time_limit_s, self.ilp.objective(extra_cost))
+    def solve(self, time_limit_s: float, weights: np.ndarray):
+        """(a choice, or None; milp's status: 0 optimal, 1 out of time, 2 infeasible, 4
+        other) of the problem with memory term t priced at ``weights[t]`` seconds per
+        byte: the relaxation's, where it is integral. Where it is fractional, its largest
+        x per group can be far from any good choice (slower and larger than the plans on
+        either side of the price); then the ILP restricted to the strategies the
+        relaxation weighs is solved too, in half the time left, and the cheaper of the
+        two under the prices kept (``priced_seconds``)."""
+        started = time.perf_counter()
+        extra_cost = self.ilp.memory_coefficients(weights)
+        if self.warm:
+            x, status = lp_solve(self.ilp.lp(), time_limit_s, self.ilp.objective(extra_cost))
+            if x is not None:
+                self.ilp.objective_s = lp_objective_s(self.ilp.lp())
+        else:
+            x, status = self.ilp.relax(time_limit_s, extra_cost)
         if x is None:
             return None, status
-        self.ilp.objective_s = lp_objective_s(self.ilp.lp())
-        return self.ilp.choice_of(x), status
+        choice = self.ilp.choice_of(x)
+        if is_integral(x[: self.ilp.num_x]):
+            return choice, status
+        request = self.ilp.request
+        restricted = _Ilp(dataclasses.replace(request, allowed=self.ilp.support(
+            x[: self.ilp.num_x])))
+        remaining = time_limit_s - (time.perf_counter() - started)
+        found, _ = restricted.solve(remaining / 2, restricted.memory_coefficients(weights))
+        candidates = [c for c in (choice, found) if c is not None and is_valid(request, c)]
+        if candidates:
+            choice = min(candidates, key=lambda c: priced_seconds(request, c, weights))
+        return choice, status
+
+
+def priced_seconds(request: Request, choice, weights: np.ndarray) -> float:
+    """A choice's seconds plus its memory terms' bytes at ``weights`` seconds per byte."""
+    return evaluate(request, choice)[0] + float(weights @ term_values(request, choice))
 
 
 # HiGHS model statuses as milp's: 0 optimal, 1 out of time or iterations, 2 infeasible
@@ -618,9 +645,14 @@ def solve(request: Request, within_budget: bool = True) -> Result:
         raise CannotBeat(cannot_go_below * (1 - MIP_GAP))
     if not within_budget:
         return finish(request, choice, status_name, start, bound)
-    best, best_seconds, bound = lagrangian(request, ilp, choice, deadline)
+    visited: list = []
+    best, best_seconds, bound = lagrangian(request, ilp, choice, deadline, visited)
     if best is not None and best_seconds <= bound * (1 + OPTIMALITY_GAP):
         return finish(request, best, "optimal", start, bound)
+    if best is not None:
+        mixed = recombined(request, visited, deadline)
+        if mixed is not None and evaluate(request, mixed)[0] < best_seconds:
+            best, best_seconds = mixed, evaluate(request, mixed)[0]
     if best is None or ilp.num_vars <= EXACT_MAX_VARIABLES:
         exact = add_violated_rows(request, ilp, choice, deadline)
         if exact is not None and (best is None or evaluate(request, exact[0])[0] <= best_seconds):
@@ -629,6 +661,20 @@ def solve(request: Request, within_budget: bool = True) -> Result:
         smallest = peak_memory(request, smallest_memory_choice(request))
         raise InfeasibleBudget(min(smallest, peak_memory(request, choice)))
     return finish(request, polish(request, best, deadline), "priced", start, bound)
+
+
+def recombined(request: Request, plans: Sequence[np.ndarray], deadline: float):
+    """The cheapest choice within the budget that takes each group's strategy from one of
+    ``plans`` (the Lagrangian's, over the budget and within it), or None: the ILP over
+    those few strategies a group, its memory rows added as they are violated. Pricing
+    memory finds plans on either side of the budget, and the budgeted optimum often
+    mixes them (one layer's layout from one, the rest from the other), which no price
+    makes optimal and moving one group at a time (``polish``) does not reach."""
+    allowed = [np.unique([plan[g] for plan in plans]) for g in range(len(request.node_costs))]
+    mixed = dataclasses.replace(request, allowed=allowed)
+    cheapest_plan = min(plans, key=lambda plan: evaluate(request, plan)[0])
+    found = add_violated_rows(mixed, _Ilp(mixed), cheapest_plan, deadline)
+    return None if found is None or not is_valid(request, found[0]) else found[0]
 
 
 def cheapest(request: Request, ilp: _Ilp, deadline: float):

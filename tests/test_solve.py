@@ -341,11 +341,11 @@ def test_priced_lps_from_the_last_basis_match_cold_ones(seed, monkeypatch):
     priced = solve_module.PricedLp(ilp)
     rng = np.random.default_rng(seed)
     for _ in range(4):
-        extra = ilp.memory_coefficients(rng.random(len(request.memory_terms)) * 1e-2)
-        warm, status = priced.solve(60.0, extra)
+        weights = rng.random(len(request.memory_terms)) * 1e-2
+        warm, status = priced.solve(60.0, weights)
         assert status == 0
         warm_objective = ilp.objective_s
-        ilp.relax(60.0, extra)
+        ilp.relax(60.0, ilp.memory_coefficients(weights))
         assert warm_objective == pytest.approx(ilp.objective_s, rel=1e-9, abs=1e-12)
     monkeypatch.setattr(solve_module, "WARM_MIN_VARIABLES", 0)   # warm at any size
     warm = solve_module.lagrangian(request, ilp, start, time.perf_counter() + 60)
