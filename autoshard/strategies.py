@@ -275,7 +275,7 @@ def reduction_variants(node, name, in_specs, out_specs, out_shapes, out_bytes, p
             spec = out[:d] + (scattered,) + out[d + 1:]
             replicas = math.prod(n for a, n in axis_sizes.items()
                                  if a not in specs.spec_axes(spec))
-            if out[d] and batch_label(einsum, d):
+            if einsum.contraction and out[d] and batch_label(einsum, d):
                 variants.append(regathered_scatter(node, name, in_specs, spec, compute_s,
                                                    partial_axes, d, out[d], num_bytes,
                                                    priced, ctx))
@@ -324,7 +324,8 @@ def regathered_scatter(node, name, in_specs, spec, compute_s, partial_axes, d, s
     [16,8,32,256] batched over e (split over data), contracted over model, to e over
     (data, model): all-reduce f32[2,128,256] over model, all-gather f32[16,128,256] over
     data, on 8x2, 4x2 and 2x4 meshes, in f32 and bf16. Scattered onto a batch dim the
-    operands do not split, or onto a split dim that is not a batch dim, it slices."""
+    operands do not split, or onto a split dim that is not a batch dim, it slices; so
+    does a reduce op scattered onto a kept dim already split."""
     ar, ar_joins = priced("all-reduce", hwlib.all_reduce_seconds, partial_axes)
     gathered = num_bytes * group_of(split_by, ctx.axis_sizes)
     ag, ag_joins = priced("all-gather", hwlib.all_gather_seconds, split_by, gathered)

@@ -122,3 +122,24 @@ def test_every_strategy_fits_its_node():
                 assert [len(o) for o in s.out_specs] == [
                     len(graph.values[v].shape) for v in node.outputs]
                 assert 0 <= s.compute_s < float("inf") and 0 <= s.comm_s < float("inf")
+
+
+def test_a_contraction_scattered_onto_a_split_batch_dim_gathers_it_whole():
+    """XLA all-reduces, all-gathers the batch dim whole and slices (``regathered_scatter``)
+    for a batched dot; a reduce op scattered onto a kept dim already split slices."""
+    sizes = {"a": 2, "b": 4}
+    dot = trace(lambda h, w: jnp.einsum("ebd,edf->ebf", h, w),
+                jax.ShapeDtypeStruct((16, 32, 64), jnp.float32),
+                jax.ShapeDtypeStruct((16, 64, 32), jnp.float32))
+    reduce = trace(lambda x: x.sum(1), jax.ShapeDtypeStruct((16, 64, 32), jnp.float32))
+
+    def scattered(graph, in_specs, out_spec):
+        space = build_strategies(graph, sizes, HW)
+        node = next(n for n in graph.nodes if n.kind == "eqn")
+        found = [s for s in space.strategies[node.id]
+                 if s.in_specs[:len(in_specs)] == in_specs and s.out_specs == (out_spec,)]
+        return [[c.kind for c in s.collectives] for s in found]
+    split = ((("a",), (), ("b",)), (("a",), ("b",), ()))
+    assert scattered(dot, split, (("a", "b"), (), ())) == [["all-reduce", "all-gather"]]
+    assert scattered(dot, split, (("a",), ("b",), ())) == [["reduce-scatter"]]
+    assert scattered(reduce, ((("a",), ("b",), ()),), (("a", "b"), ())) == [["reduce-scatter"]]
