@@ -243,7 +243,6 @@ def test_cpu_gradient_reduce_scatters_join_the_combined_all_reduce(mesh_1d):
     assert plan.cost.comm_s == pytest.approx(report.comm_s, rel=0.01)
 
 
-
 def test_scattering_onto_a_split_batch_dim_is_priced_as_xla_partitions_it(mesh_2d):
     """An expert's second dot, batched over experts split over data and contracted over
     model, with its result wanted over (data, model) on the expert dim: XLA's partitioner
