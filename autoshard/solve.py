@@ -551,12 +551,11 @@ class PricedLp:
             x, status = self.ilp.relax(time_limit_s, extra_cost)
         if x is None:
             return None, status
-        choice = self.ilp.choice_of(x)
-        if is_integral(x[: self.ilp.num_x]):
+        choice, weighed = self.ilp.choice_of(x), x[: self.ilp.num_x]
+        if is_integral(weighed):
             return choice, status
         request = self.ilp.request
-        restricted = _Ilp(dataclasses.replace(request, allowed=self.ilp.support(
-            x[: self.ilp.num_x])))
+        restricted = _Ilp(dataclasses.replace(request, allowed=self.ilp.support(weighed)))
         remaining = time_limit_s - (time.perf_counter() - started)
         found, _ = restricted.solve(remaining / 2, restricted.memory_coefficients(weights))
         candidates = [c for c in (choice, found) if c is not None and is_valid(request, c)]
@@ -651,8 +650,9 @@ def solve(request: Request, within_budget: bool = True) -> Result:
         return finish(request, best, "optimal", start, bound)
     if best is not None:
         mixed = recombined(request, visited, deadline)
-        if mixed is not None and evaluate(request, mixed)[0] < best_seconds:
-            best, best_seconds = mixed, evaluate(request, mixed)[0]
+        mixed_seconds = np.inf if mixed is None else evaluate(request, mixed)[0]
+        if mixed_seconds < best_seconds:
+            best, best_seconds = mixed, mixed_seconds
     if best is None or ilp.num_vars <= EXACT_MAX_VARIABLES:
         exact = add_violated_rows(request, ilp, choice, deadline)
         if exact is not None and (best is None or evaluate(request, exact[0])[0] <= best_seconds):
