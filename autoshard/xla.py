@@ -5,11 +5,10 @@ static slices it fuses into their readers, which operands it copies into another
 before a dot or convolution, which transposes it folds into dots, which collectives its
 combiner merges into one, what it hoists out of loops, and the width a backend moves
 narrow floats at in collectives and stores them at around dots (and where it rounds them
-in a pass of their own). ``strategies``
-prices strategies with them and ``cost`` builds memory terms and shared latencies from
-them; ``hlo_report`` reads what XLA did in the compiled program. Backend facts read
-from the device (reduce-scatter formed or emulated, collectives combined, those widths)
-live in ``hardware.Backend``.
+in a pass of their own). ``strategies`` prices strategies with them and ``cost`` builds
+memory terms and shared latencies from them; ``hlo_report`` reads what XLA did in the
+compiled program. Backend facts read from the device (reduce-scatter formed or emulated,
+collectives combined, those widths) live in ``hardware.Backend``.
 """
 
 from __future__ import annotations
