@@ -20,7 +20,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import pathlib
 import re
+import tempfile
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -966,3 +968,28 @@ def hlo_report(compiled, hardware: Hardware, mesh=None) -> Report:
     except Exception:  # some backends do not implement it
         memory = None
     return report_from_hlo_text(compiled.as_text(), hardware, mesh, memory)
+
+
+_LIVE_PEAK = re.compile(r"Stack trace breakdown for peak usage: ([\d ]+) bytes")
+_ALLOCATED = re.compile(r"Total bytes: (\d+)")
+
+
+def buffer_bytes(lowered) -> tuple[int, int]:
+    """(peak of live bytes, bytes allocated) of a ``jax.stages.Lowered`` once compiled,
+    as XLA's buffer assignment reports them in its dump: the live peak counts what is
+    live at the step's peak; the allocation (``memory_analysis()``'s total) adds the room
+    lost packing temporaries into one heap. The planner predicts the former."""
+    with tempfile.TemporaryDirectory(prefix="xla-dump-") as dump:
+        lowered.compile(compiler_options={"xla_dump_to": dump})
+        found = pathlib.Path(dump)
+        live = _LIVE_PEAK.search(_newest(found, "-live-range.txt").read_text())
+        allocated = _ALLOCATED.search(_newest(found, "-memory-usage-report.txt").read_text())
+    return int(live.group(1).replace(" ", "")), int(allocated.group(1))
+
+
+def _newest(dump: pathlib.Path, suffix: str) -> pathlib.Path:
+    """The dump file of the last module compiled (modules are numbered in order)."""
+    found = sorted(dump.glob(f"module_*{suffix}"))
+    if not found:
+        raise FileNotFoundError(f"no XLA dump *{suffix} under {dump}")
+    return found[-1]

@@ -8,7 +8,7 @@ both figures for each compiled program. Its live peak counts an output only from
 is written; for a train step whose state is donated, the outputs are the arguments.
 
 For each program and mesh: the auto plan and every expert layout (pinned, the solver
-filling in the rest), compiled with XLA's dump on. Prints the predicted peak, XLA's live
+filling in the rest), compiled with XLA's dump on (``hlo_report.buffer_bytes``). Prints the predicted peak, XLA's live
 peak and its allocation (MiB), the prediction's error against the live peak (the
 planner's own error) and the allocation's excess over the live peak (the packing), then
 the median and worst of each per program and mesh.
@@ -19,28 +19,22 @@ Run: python benchmarks/memory_accuracy.py [--programs gpt,moe,plain_lm,plain_moe
 
 import argparse
 import os
-import pathlib
-import re
 import sys
-import tempfile
 from typing import NamedTuple
 
-DUMP = tempfile.mkdtemp(prefix="xla-dump-")
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + " --xla_force_host_platform_device_count=16"
-                           + f" --xla_dump_to={DUMP} --xla_dump_hlo_module_re=jit_fn").strip()
+                           + " --xla_force_host_platform_device_count=16").strip()
 
 import numpy as np  # noqa: E402
 
 import autoshard  # noqa: E402
+from autoshard.hlo_report import buffer_bytes  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cost_accuracy import PROGRAMS, by_program_and_mesh  # noqa: E402
 from plan_quality import hardware_for, mesh_for  # noqa: E402
 
 MIB = 2 ** 20
-LIVE_PEAK = re.compile(r"Stack trace breakdown for peak usage: ([\d ]+) bytes")
-ALLOCATED = re.compile(r"Total bytes: (\d+)")
 
 
 class Measured(NamedTuple):
@@ -62,21 +56,6 @@ class Measured(NamedTuple):
         return self.allocated / self.live - 1
 
 
-def newest_module(suffix: str) -> pathlib.Path:
-    """The dump file of the module compiled last (modules are numbered in order)."""
-    found = sorted(pathlib.Path(DUMP).glob(f"module_*{suffix}"))
-    if not found:
-        raise FileNotFoundError(f"no XLA dump *{suffix} under {DUMP}")
-    return found[-1]
-
-
-def xla_memory() -> tuple[int, int]:
-    """(live peak, allocated) bytes of the program compiled last, from XLA's dump."""
-    live = LIVE_PEAK.search(newest_module("-live-range.txt").read_text())
-    allocated = ALLOCATED.search(newest_module("-memory-usage-report.txt").read_text())
-    return int(live.group(1).replace(" ", "")), int(allocated.group(1))
-
-
 def layouts(case, mesh) -> dict:
     return {"auto": None, **{name: fn(mesh) for name, fn in case.experts.items()}}
 
@@ -89,8 +68,7 @@ def measure(program: str, case, mesh_name: str) -> list[Measured]:
         try:
             plan = autoshard.plan(case.train_step, *args, mesh=mesh, hardware=hw, pins=pins,
                                   donate_argnums=case.donate_argnums, progress=False)
-            plan.jit().lower(*args).compile()
-            live, allocated = xla_memory()
+            live, allocated = buffer_bytes(plan.jit().lower(*args))
         except Exception as e:   # a layout the planner or XLA refuses is reported
             print(f"  {program} {mesh_name} {layout}: {type(e).__name__}: {e}"[:160],
                   file=sys.stderr)
@@ -119,7 +97,6 @@ def main(argv=None) -> int:
     parser.add_argument("--programs", default=",".join(PROGRAMS))
     parser.add_argument("--meshes", default="8,2x4")
     args = parser.parse_args(argv)
-    print(f"XLA's dump: {DUMP}")
     print(f"{'program':10} {'mesh':4} {'layout':16} {'pred MiB':>9} {'live MiB':>9} "
           f"{'alloc MiB':>9} {'pred/live':>8} {'packing':>8}")
     rows = []

@@ -11,7 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 import autoshard
 from autoshard import models
-from autoshard.hlo_report import hlo_report
+from autoshard.hlo_report import buffer_bytes, hlo_report
 from autoshard.testing import plain, programs
 
 TOLERANCE = 0.10
@@ -75,6 +75,24 @@ def test_gathered_weights_are_held_to_their_last_reader_that_shares_them(mesh_1d
                           pins=case.experts["fsdp"](mesh_1d), donate_argnums=case.donate_argnums)
     report = compiled_memory(plan, args, case.donate_argnums)
     assert plan.cost.memory_bytes == pytest.approx(report.memory_bytes, rel=TOLERANCE)
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(lambda: plain.cnn("small"), id="plain_cnn"),
+    pytest.param(lambda: models.train_case("gpt", "small"), id="gpt"),
+])
+def test_a_gathered_weight_dies_once_copied_for_the_backward_pass(mesh_1d, case):
+    """FSDP, against the bytes XLA holds live at its peak (``buffer_bytes``). XLA gathers
+    every weight at the start and at once copies it into the layouts its readers want
+    (a dot's backward layout, a convolution's reversed kernel); then the gathered copy
+    dies. Held to its readers in the backward pass beside the copies made from it, the
+    gathered weights put the prediction 34 % (CNN) and 15 % (GPT) over XLA's peak."""
+    case = case()
+    args = case.abstract_args()
+    plan = autoshard.plan(case.train_step, *args, mesh=mesh_1d, cache=False,
+                          pins=case.experts["fsdp"](mesh_1d), donate_argnums=case.donate_argnums)
+    live, _ = buffer_bytes(plan.jit(donate_argnums=case.donate_argnums).lower(*args))
+    assert plan.cost.memory_bytes == pytest.approx(live, rel=0.07)
 
 
 @pytest.mark.slow

@@ -169,6 +169,23 @@ class Liveness:
                 for k, u in enumerate(readers)}
         return self._copy_starts[value_id]
 
+    def held_to(self, value_id: int, node_id: int, from_args: Sequence[bool],
+                copied: set) -> int:
+        """The last node at which a reader's copy of a value is held (its first is
+        ``copy_starts``'s): the reader; for a value of arguments that the reader reads
+        through a copy into another layout, that copy's first node, where it is made from
+        the resharded copy (XLA copies a weight gathered at the start into the backward
+        pass's layout there, and frees the gathered one); for a reader XLA computes at the
+        start into a buffer of its own (``from_arguments``: the reversed kernel of a
+        convolution's backward pass), -1: it reads the copy there, before the copy's
+        first node. A transpose folded into its dot is read where the dot is."""
+        if (value_id, node_id) in copied and from_args[value_id]:
+            return self.copy_starts(value_id, from_args)[node_id]
+        outputs = self.graph.nodes[node_id].outputs
+        if outputs and all(from_args[v] and self.space.materialized[v] for v in outputs):
+            return -1
+        return node_id
+
     def transposed_reads(self) -> list[tuple[int, int, int]]:
         """(value, node, operand) of the operands XLA copies into another layout first."""
         return [(node.operands[i], node.id, i) for node in self.graph.nodes
@@ -176,9 +193,11 @@ class Liveness:
 
     def reshard_buffers(self, from_args: Sequence[bool], copied: set):
         """(term, first node, last node) of every resharded copy a reader makes (see
-        ``copy_starts``). An activation a reader also copies into another layout is
-        resharded just before: the layout copy is the one kept. Outputs are written in
-        their own spec: their buffers are counted as outputs."""
+        ``copy_starts``). A reader that also copies the value into another layout keeps
+        the layout copy: an activation is resharded just before it, and a value of
+        arguments (a gathered weight) at the start, where its layout copy is made from
+        the resharded one, which then dies. Outputs are written in their own spec: their
+        buffers are counted as outputs."""
         graph = self.graph
         for value in graph.values:
             users = [(u, i) for u, i in graph.users[value.id] if graph.nodes[u].kind != "output"]
@@ -199,8 +218,12 @@ class Liveness:
                     if not copy[0].any():
                         continue
                 term = GroupTerm(gu, copy[1]) if gu == gv else PairTerm(gu, gv, copy[0])
-                held = (value.id, user) not in copied or from_args[value.id]
-                yield term, starts[user] if held else user, user
+                if (value.id, user) in copied and not from_args[value.id]:
+                    yield term, user, user
+                    continue
+                last = self.held_to(value.id, user, from_args, copied)
+                if last >= starts[user]:
+                    yield term, starts[user], last
 
     def layout_copies(self, from_args: Sequence[bool], transposed):
         """(term, first node, last node) of the copies XLA makes of operands it reads in
@@ -293,7 +316,7 @@ class Liveness:
         copies = list(self.reshard_buffers(from_args, copied))
         spans = [*spans, *(c for c in copies if isinstance(c[0], GroupTerm)),
                  *(c for c in copies if isinstance(c[0], PairTerm)),
-                 *self.shared_copy_spans(from_args)]
+                 *self.shared_copy_spans(from_args, copied)]
         return with_rows(terms, fixed, spans)
 
     def memory_before_pricing(self):
@@ -357,6 +380,8 @@ class Liveness:
                 #           ys are buffers of their own, trip count x the body's slice
             first = 0 if from_args[value.id] else value.producer
             last = last_read[value.id] - (value.id in in_place)
+            if from_args[value.id] and last == value.producer:
+                last = first   # read through copies alone, made from it at the start
             term = self.value_bytes(value.id)
             term = GroupTerm(term.group, term.num_bytes * self.broadcasts_kept(value))
             spans.append((term, first, max(first, last)))
@@ -365,14 +390,16 @@ class Liveness:
         self._uncopied = (tuple(terms), tuple(fixed), tuple(spans), from_args, copied)
         return self._uncopied
 
-    def shared_copy_spans(self, from_args: Sequence[bool]):
+    def shared_copy_spans(self, from_args: Sequence[bool], copied: set):
         """(term, first node, last node) of every copy readers share: held from the first
         of them that may make it (see ``copy_starts``) to the last that shares it, as a
-        term per reading node, each held up to that node if a read at or after it shares
-        the copy (``shared.held_until``)."""
+        term per reading node, each held up to that node (``held_to``) if a read at or
+        after it shares the copy (``shared.held_until``)."""
         for value_id, num_bytes, until in self.shared_copies_held:
             starts = self.copy_starts(value_id, from_args)
             first = min(starts[node] for _, node in until)
             for k, node in until:
-                yield CopyTerm(k, num_bytes), first, node
+                last = self.held_to(value_id, node, from_args, copied)
+                if last >= first:
+                    yield CopyTerm(k, num_bytes), first, last
                 first = node + 1
