@@ -178,7 +178,8 @@ class Liveness:
         pass's layout there, and frees the gathered one); for a reader XLA computes at the
         start into a buffer of its own (``from_arguments``: the reversed kernel of a
         convolution's backward pass), -1: it reads the copy there, before the copy's
-        first node. A transpose folded into its dot is read where the dot is."""
+        first node. Work on arguments that XLA folds into its reader (a transpose into
+        its dot) reads the copy at its own node."""
         if (value_id, node_id) in copied and from_args[value_id]:
             return self.copy_starts(value_id, from_args)[node_id]
         outputs = self.graph.nodes[node_id].outputs
