@@ -8,10 +8,10 @@ both figures for each compiled program. Its live peak counts an output only from
 is written; for a train step whose state is donated, the outputs are the arguments.
 
 For each program and mesh: the auto plan and every expert layout (pinned, the solver
-filling in the rest), compiled with XLA's dump on (``hlo_report.buffer_bytes``). Prints the predicted peak, XLA's live
-peak and its allocation (MiB), the prediction's error against the live peak (the
-planner's own error) and the allocation's excess over the live peak (the packing), then
-the median and worst of each per program and mesh.
+filling in the rest), compiled with XLA's dump on (``hlo_report.buffer_bytes``). Prints
+the predicted peak, XLA's live peak and its allocation (MiB), the prediction's error
+against the live peak (the planner's own error) and the allocation's excess over the
+live peak (the packing), then the median and worst of each per program and mesh.
 
 Run: python benchmarks/memory_accuracy.py [--programs gpt,moe,plain_lm,plain_moe,plain_cnn]
                                           [--meshes 8,2x4]
