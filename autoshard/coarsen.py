@@ -302,10 +302,19 @@ def strategy_features(request: Request) -> list[np.ndarray]:
     return [np.concatenate(list(f.values()), axis=1) for f in feats]
 
 
+def telling_columns(features: np.ndarray) -> np.ndarray:
+    """``features`` without the columns that tell no strategies apart for dominance: those
+    equal on every strategy, and repeats of an earlier column (layer copies of one term,
+    summed onto a class, give many)."""
+    f = features[:, (features != features[:1]).any(axis=0)]
+    first = {column.tobytes(): i for i, column in reversed(list(enumerate(f.T.copy())))}
+    return f[:, sorted(first.values())]
+
+
 def undominated(features: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     """Allowed strategies no other allowed one beats: not worse anywhere, and better
     somewhere or equal and listed first."""
-    f = features[allowed]
+    f = telling_columns(features[allowed])
     n = len(f)
     not_worse = (f[:, None, :] <= f[None, :, :]).all(-1)     # [a, b]: a <= b everywhere
     # not worse anywhere, so better somewhere unless equal everywhere (each not worse

@@ -200,15 +200,18 @@ def _pairs(request: Request):
         yield key, costs.get(key, np.zeros(shape)), memory.get(key, []), shared.get(key, [])
 
 
-def _classes(matrices: Sequence[np.ndarray]):
-    """Rows (strategies of u) alike in every matrix form a class, and so do columns; every
-    matrix is constant on each (row class, column class) block. Returns the class of each
-    row and column and every matrix reduced to one entry per block."""
+def _classes(matrices: np.ndarray):
+    """Rows (strategies of u) alike in every matrix of ``matrices`` ([matrix, u, v]) form a
+    class, and so do columns; every matrix is constant on each (row class, column class)
+    block. Returns the class of each row and column and the matrices reduced to one entry
+    per block ([matrix, row class, column class])."""
     # copies of one matrix (a layer's terms, once per layer) tell rows apart no better
-    distinct = list({np.ascontiguousarray(m).tobytes(): m for m in matrices}.values())
-    row_of, rep_rows = _row_classes(np.concatenate(distinct, axis=1))
-    col_of, rep_cols = _row_classes(np.concatenate([m[rep_rows] for m in distinct], axis=0).T)
-    return row_of, col_of, [m[np.ix_(rep_rows, rep_cols)] for m in matrices]
+    distinct = matrices[sorted({m.tobytes(): k for k, m in
+                                reversed(list(enumerate(matrices)))}.values())]
+    row_of, rep_rows = _row_classes(distinct.transpose(1, 0, 2).reshape(matrices.shape[1], -1))
+    col_of, rep_cols = _row_classes(distinct[:, rep_rows].transpose(2, 0, 1)
+                                    .reshape(matrices.shape[2], -1))
+    return row_of, col_of, matrices[:, rep_rows][:, :, rep_cols]
 
 
 def _row_classes(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -251,9 +254,12 @@ class _Ilp:
             # only allowed strategies get product variables: the others are 0 anyway
             su = np.flatnonzero(allowed_mask(request, u))
             sv = np.flatnonzero(allowed_mask(request, v))
-            row_of, col_of, (cost_keys, *keys) = _classes(
-                [m[np.ix_(su, sv)]] + [b[np.ix_(su, sv)] for _, b in memory]
-                + [paid[np.ix_(su, sv)] for _, paid in shared])
+            stacked = np.stack([m] + [b for _, b in memory] + [p for _, p in shared])
+            if len(su) < stacked.shape[1]:
+                stacked = stacked[:, su]
+            if len(sv) < stacked.shape[2]:
+                stacked = stacked[:, :, sv]
+            row_of, col_of, (cost_keys, *keys) = _classes(stacked.astype(float, copy=False))
             r_n, c_n = cost_keys.shape
             base = next_var
             edge_costs.append(cost_keys.ravel() * SECONDS_SCALE)
