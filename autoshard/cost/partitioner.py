@@ -44,22 +44,27 @@ class Tiling:
     devices: np.ndarray
     partial: bool
 
-    @property
+    # read hundreds of thousands of times in one plan's reshards: computed once each
+    @functools.cached_property
     def rank(self) -> int:
         return self.devices.ndim - self.partial
 
+    @functools.cached_property
+    def shape(self) -> tuple[int, ...]:
+        return self.devices.shape
+
     def dim(self, d: int) -> int:
-        return self.devices.shape[d]
+        return self.shape[d]
 
-    @property
+    @functools.cached_property
     def tile_dims(self) -> tuple[int, ...]:
-        return self.devices.shape[:self.rank]
+        return self.shape[:self.rank]
 
-    @property
+    @functools.cached_property
     def num_tiles(self) -> int:
         return math.prod(self.tile_dims)
 
-    @property
+    @functools.cached_property
     def replicated(self) -> bool:
         return self.num_tiles == 1
 
@@ -71,6 +76,16 @@ class Tiling:
 
     def __repr__(self) -> str:
         return f"Tiling({self.devices.tolist()}{', partial' if self.partial else ''})"
+
+    @functools.cached_property
+    def key(self) -> tuple:
+        """Equal for equal tilings: what the caches of the pure functions below hash."""
+        return self.devices.shape, self.devices.astype(np.int64, copy=False).tobytes(), self.partial
+
+    @staticmethod
+    def of_key(key: tuple) -> Tiling:
+        shape, ids, partial = key
+        return Tiling(np.frombuffer(ids, dtype=np.int64).reshape(shape), partial)
 
 
 def tiling(spec: Spec, axis_sizes: Mapping[str, int]) -> Tiling:
@@ -463,14 +478,21 @@ def _a2a_groups(temp: Tiling, group_size_at: Mapping[int, int]):
     """The all-to-all's device groups, in ``temp``'s order: devices whose indices agree
     but for dims ``d`` of ``group_size_at`` within blocks of ``group_size_at[d]``, groups
     ordered by those indices (block numbers where grouped), members in row-major order."""
-    shape = temp.devices.shape
+    return _a2a_groups_on(temp.key, tuple(sorted(group_size_at.items())))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _a2a_groups_on(key: tuple, sizes: tuple[tuple[int, int], ...]):
+    devices = Tiling.of_key(key).devices
+    shape = devices.shape
+    group_size_at = dict(sizes)
     index = np.indices(shape).reshape(len(shape), -1)
     gid = np.zeros(index.shape[1], dtype=np.int64)
     for d, n in enumerate(shape):
         g = group_size_at.get(d)
         gid = gid * (n // g) + index[d] // g if g else gid * n + index[d]
     order = np.argsort(gid, kind="stable")
-    members = temp.devices.ravel()[order].reshape(-1, temp.devices.size // (gid.max() + 1))
+    members = devices.ravel()[order].reshape(-1, devices.size // (gid.max() + 1))
     return tuple(tuple(g) for g in members.tolist())
 
 
@@ -517,6 +539,12 @@ def _tile_of(t: Tiling) -> np.ndarray:
 def _is_subtiling(sub: Tiling, t: Tiling) -> bool:
     """Whether each device's tile of ``sub`` lies inside its tile of ``t`` (on a shape of
     ``sub``'s counts)."""
+    return _is_subtiling_on(sub.key, t.key)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _is_subtiling_on(sub_key: tuple, t_key: tuple) -> bool:
+    sub, t = Tiling.of_key(sub_key), Tiling.of_key(t_key)
     per = np.array([sub.dim(d) // t.dim(d) for d in range(sub.rank)], dtype=np.int64)
     return bool((_tile_of(sub) // per == _tile_of(t)[:, :sub.rank]).all())
 
@@ -706,13 +734,18 @@ def cached_reshard_steps(shape: Sequence[int], itemsize: float, src: Spec, dst: 
 
 def forget() -> None:
     """Drop the reshards and tilings this process keeps."""
-    _steps_on.cache_clear()
-    _tiling_on.cache_clear()
+    for cache in (_steps_on, _tiling_on, _a2a_groups_on, _is_subtiling_on, _axes_of):
+        cache.cache_clear()
 
 
 def group_axes(groups, axis_sizes: Mapping[str, int]) -> tuple[str, ...]:
     """The mesh axes along which the devices of any one group differ."""
-    names, coords = _coordinates(tuple(axis_sizes.items()))
+    return _axes_of(tuple(groups), tuple(axis_sizes.items()))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _axes_of(groups: tuple, axes: tuple[tuple[str, int], ...]) -> tuple[str, ...]:
+    names, coords = _coordinates(axes)
     c = coords[np.asarray(groups)]                     # [group, member, axis]
     varies = (c != c[:, :1]).any(axis=(0, 1))
     return tuple(a for a, v in zip(names, varies) if v)
