@@ -207,7 +207,8 @@ def evaluation(request: Request, choice: Sequence[int]) -> Evaluation:
     """Every part of the cost of ``choice`` (a strategy per group), from the request alone."""
     node_s = sum(float(c[choice[g]]) for g, c in enumerate(request.node_costs))
     edge_s = sum(float(m[choice[u], choice[v]]) for u, v, m in request.edges)
-    once, paid = shared_paid(request, choice)
+    marked = shared_edges_paid(request, choice)
+    once, paid = shared_paid(request, choice, marked)
     parts = request.seconds_parts
     latency_edges = parts.latency_edges if parts is not None else ()
     copies = sum(request.shared_edge_costs[k].seconds for k in paid
@@ -222,10 +223,10 @@ def evaluation(request: Request, choice: Sequence[int]) -> Evaluation:
                                                        parts.reshard))
         tiebreak = parts.tiebreak_seconds_per_byte * sum(
             float(term.num_bytes[choice[term.group]]) for _, term in request.terms_of(GroupTerm))
-    peak = peak_memory(request, choice)
+    peak = peak_memory(request, choice, marked)
     budget = request.memory_budget
     return Evaluation(
-        seconds=plan_seconds(request, choice), peak_bytes=peak, compute_s=compute,
+        seconds=plan_seconds(request, choice, marked), peak_bytes=peak, compute_s=compute,
         collective_s=collective, reshard_s=inside + edge_s + copies,
         latency_s=once + latencies, tiebreak_s=tiebreak,
         over_budget_bytes=max(0.0, peak - budget) if budget is not None else 0.0,
@@ -233,27 +234,32 @@ def evaluation(request: Request, choice: Sequence[int]) -> Evaluation:
                         for u, v, keys_u, keys_v in request.ties))
 
 
-def plan_seconds(request: Request, choice) -> float:
+def plan_seconds(request: Request, choice, marked: Sequence[bool] | None = None) -> float:
     """``Evaluation.seconds`` alone: group, edge and shared seconds, summed as the solver
-    sums them (its hot loops read this, not the parts)."""
-    once, paid = shared_paid(request, choice)
+    sums them (its hot loops read this, not the parts). ``marked``: ``shared_edges_paid``
+    of ``choice``, where the caller has it."""
+    once, paid = shared_paid(request, choice, marked)
     return (sum(float(c[choice[g]]) for g, c in enumerate(request.node_costs))
             + sum(float(m[choice[u], choice[v]]) for u, v, m in request.edges)
             + (once + sum(request.shared_edge_costs[k].seconds for k in paid)))
 
 
-def shared_paid(request: Request, choice) -> tuple[float, list[int]]:
+def shared_paid(request: Request, choice, marked: Sequence[bool] | None = None
+                ) -> tuple[float, list[int]]:
     """The seconds of the shared costs ``choice`` pays, and the shared edge costs it pays
-    (their indices)."""
+    (their indices; ``marked``: ``shared_edges_paid``, where the caller has it)."""
     once = sum(seconds for seconds, members in request.shared_costs
                if any(choice[g] == s for g, s in members))
-    return once, [k for k, marked in enumerate(shared_edges_paid(request, choice)) if marked]
+    if marked is None:
+        marked = shared_edges_paid(request, choice)
+    return once, [k for k, paid in enumerate(marked) if paid]
 
 
 def evaluate(request: Request, choice: Sequence[int]) -> tuple[float, float]:
     """(seconds, peak bytes per device) of ``choice``: ``Evaluation.seconds`` and
     ``.peak_bytes`` without the rest of ``evaluation``."""
-    return plan_seconds(request, choice), peak_memory(request, choice)
+    marked = shared_edges_paid(request, choice)
+    return plan_seconds(request, choice, marked), peak_memory(request, choice, marked)
 
 
 def shared_edges_paid(request: Request, choice) -> list[bool]:
@@ -262,14 +268,15 @@ def shared_edges_paid(request: Request, choice) -> list[bool]:
             for _, members in request.shared_edge_costs]
 
 
-def term_values(request: Request, choice) -> np.ndarray:
-    """Bytes of every memory term under ``choice``."""
-    paid = shared_edges_paid(request, choice)
+def term_values(request: Request, choice, marked: Sequence[bool] | None = None
+                ) -> np.ndarray:
+    """Bytes of every memory term under ``choice`` (``marked``: as ``plan_seconds``)."""
+    paid = shared_edges_paid(request, choice) if marked is None else marked
     return np.array([term.held(choice, paid) for term in request.memory_terms], dtype=float)
 
 
-def row_bytes(request: Request, choice) -> np.ndarray:
-    values = term_values(request, choice)
+def row_bytes(request: Request, choice, marked: Sequence[bool] | None = None) -> np.ndarray:
+    values = term_values(request, choice, marked)
     fixed = values[list(request.fixed_terms)].sum() if request.fixed_terms else 0.0
     if isinstance(request.memory_rows, LiveRows):
         rows = request.memory_rows.sums(values) if len(request.memory_rows) else [0.0]
@@ -278,10 +285,10 @@ def row_bytes(request: Request, choice) -> np.ndarray:
     return fixed + np.asarray(rows)
 
 
-def peak_memory(request: Request, choice) -> float:
+def peak_memory(request: Request, choice, marked: Sequence[bool] | None = None) -> float:
     if not len(request.memory_terms):
         return 0.0
-    return float(row_bytes(request, choice).max())
+    return float(row_bytes(request, choice, marked).max())
 
 
 def fewest_peak(terms: Sequence[MemoryTerm], fixed_terms: Sequence[int], rows,

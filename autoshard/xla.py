@@ -13,6 +13,7 @@ collectives combined, those widths) live in ``hardware.Backend``.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING, Sequence
 
@@ -31,6 +32,14 @@ def widening(dtype, itemsize: int) -> float:
     """How much wider than ``dtype`` a backend that runs narrow floats at ``itemsize``
     bytes per element (0: at their own width) moves or stores it: 2 for bf16 at 4 bytes;
     1 for wider floats and for every other dtype."""
+    try:
+        return _widening(dtype, itemsize)
+    except TypeError:   # a dtype that does not hash
+        return _widening.__wrapped__(dtype, itemsize)
+
+
+@functools.lru_cache(maxsize=1024)   # asked for every operand of every strategy
+def _widening(dtype, itemsize: int) -> float:
     try:
         dtype = np.dtype(dtype)
     except TypeError:
