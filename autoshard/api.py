@@ -116,9 +116,9 @@ def local_costs(request: Request, choice, groups: Sequence[int] | None = None
     that group's strategy alone, the others held at ``choice`` (the solver's
     ``group_seconds``: ``evaluation`` of the moved choice, less the part no move of the
     group changes)."""
-    touching = Touching.of(request)
     if groups is None:
         groups = range(len(request.node_costs))
+    touching = Touching.of(request, groups)
     return {g: group_seconds(request, choice, g, touching) for g in groups}
 
 

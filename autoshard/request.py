@@ -324,17 +324,23 @@ class Touching:
     shared_edges: list
 
     @classmethod
-    def of(cls, request: Request) -> "Touching":
+    def of(cls, request: Request, groups: Sequence[int] | None = None) -> "Touching":
+        """For every group, or only for ``groups`` (the others left with none)."""
         n = len(request.node_costs)
+        wanted = np.ones(n, bool)
+        if groups is not None:
+            wanted[:] = False
+            wanted[list(groups)] = True
         edges, shared, shared_edges = ([[] for _ in range(n)] for _ in range(3))
         for k, (u, v, _) in enumerate(request.edges):
-            edges[u].append(k)
-            edges[v].append(k)
+            for g in (u, v):
+                if wanted[g]:
+                    edges[g].append(k)
         for k, (_, members) in enumerate(request.shared_costs):
-            for g in dict.fromkeys(g for g, _ in members):
+            for g in dict.fromkeys(g for g, _ in members if wanted[g]):
                 shared[g].append(k)
         for k, (_, members) in enumerate(request.shared_edge_costs):
-            for g in dict.fromkeys(x for u, v, _ in members for x in (u, v)):
+            for g in dict.fromkeys(x for u, v, _ in members for x in (u, v) if wanted[x]):
                 shared_edges[g].append(k)
         return cls(edges, shared, shared_edges)
 
