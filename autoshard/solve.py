@@ -180,10 +180,11 @@ def _pairs(request: Request):
     memory: dict[tuple[int, int], list] = {}
     shared: dict[tuple[int, int], list] = {}
 
-    def oriented(u, v, m):
-        return ((u, v), np.asarray(m, float)) if u < v else ((v, u), np.asarray(m, float).T)
+    def oriented(u, v, m, dtype=None):   # as they come (stacked as floats), costs summed
+        m = np.asarray(m, dtype)
+        return ((u, v), m) if u < v else ((v, u), m.T)
     for u, v, m in request.edges:
-        key, m = oriented(u, v, m)
+        key, m = oriented(u, v, m, float)
         costs[key] = costs[key] + m if key in costs else m
     for t, (u, v, m) in request.terms_of(PairTerm):
         if u != v:
@@ -240,6 +241,7 @@ class _Ilp:
         self.num_x = int(self.offsets[-1])
         cost = [np.asarray(c, float) * SECONDS_SCALE for c in request.node_costs]
         rows, cols, vals, lower, upper = [], [], [], [], []
+        blocks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (rows, cols, vals)
         row = 0
         for g in range(len(request.node_costs)):       # one-hot per group
             for s in range(len(cost[g])):
@@ -271,13 +273,12 @@ class _Ilp:
             # sum_c e[r, c] = sum of x[u, s] with row(s) = r, then
             # sum_r e[r, c] = sum of x[v, t] with column(t) = c
             e_row, e_col = np.divmod(np.arange(r_n * c_n), c_n)
+            e_vars = np.arange(base, base + r_n * c_n)
             for e_of, classes, strategies, g, num in ((e_row, row_of, su, u, r_n),
                                                        (e_col, col_of, sv, v, c_n)):
-                rows.extend((row + e_of).tolist()); cols.extend(range(base, base + r_n * c_n))
-                vals.extend([1.0] * (r_n * c_n))
-                rows.extend((row + classes).tolist())
-                cols.extend((self.offsets[g] + strategies).tolist())
-                vals.extend([-1.0] * len(strategies))
+                blocks.append((np.concatenate([row + e_of, row + classes]),
+                               np.concatenate([e_vars, self.offsets[g] + strategies]),
+                               np.repeat([1.0, -1.0], [len(e_vars), len(strategies)])))
                 lower.extend([0.0] * num); upper.extend([0.0] * num); row += num
         shared_costs = []
         for seconds, members in request.shared_costs:   # y >= sum_s x[g, s] per group
@@ -315,6 +316,7 @@ class _Ilp:
         self.num_vars = next_var
         self.cost = np.concatenate(cost + edge_costs + shared_costs)
         self.rows, self.cols, self.vals = rows, cols, vals
+        self.blocks = blocks   # the marginal rows, as arrays: entries beside rows/cols/vals
         self.lower, self.upper, self.num_rows = lower, upper, row
         self.integrality = np.zeros(self.num_vars)
         self.integrality[: self.num_x] = 1
@@ -371,8 +373,11 @@ class _Ilp:
         return self.choice_of(x), status
 
     def matrix(self) -> sparse.csr_array:
-        return sparse.csr_array((self.vals, (self.rows, self.cols)),
-                                shape=(self.num_rows, self.num_vars))
+        rows, cols, vals = (
+            np.concatenate([np.asarray(listed, dtype)] + [b[k] for b in self.blocks])
+            for k, (listed, dtype) in enumerate(((self.rows, np.int64), (self.cols, np.int64),
+                                                 (self.vals, float))))
+        return sparse.csr_array((vals, (rows, cols)), shape=(self.num_rows, self.num_vars))
 
     def objective(self, extra_cost: np.ndarray | None) -> np.ndarray:
         return self.cost if extra_cost is None else self.cost + extra_cost * SECONDS_SCALE
