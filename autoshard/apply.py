@@ -20,6 +20,7 @@ from typing import Mapping, Sequence
 
 import jax
 from jax import lax
+from jax.extend import core
 from jax.extend.core import Literal
 from jax.sharding import Mesh, NamedSharding
 
@@ -252,12 +253,153 @@ def rewrite(closed_jaxpr, decisions: Mapping[tuple, Decision], mesh: Mesh):
     return flat_fn
 
 
+class Unwritten(Exception):
+    """The program holds what :class:`JaxprWriter` does not write (a loop, a cond, a
+    rematerialized call): ``Rewriter`` runs it instead."""
+
+
+class JaxprWriter:
+    """``Rewriter``'s rewrite written straight into a new jaxpr, equation by equation, with
+    no tracing: every equation copied onto fresh variables, a ``sharding_constraint``
+    equation where ``Rewriter`` calls ``with_sharding_constraint``, an
+    ``optimization_barrier`` where it calls one, inlined calls inlined. ``jax.jit`` then
+    binds the whole rewritten program as one call (:func:`called_whole`) instead of
+    tracing it primitive by primitive: the same program, lowered without a second trace
+    of every equation. Loops, conds and rematerialized calls are left to ``Rewriter``
+    (``Unwritten``), and so are programs with effects (callbacks, prints)."""
+
+    def __init__(self, decisions: Mapping[tuple, Decision], mesh: Mesh):
+        self.decisions, self.mesh = decisions, mesh
+        self.eqns: list = []
+        self.constvars: list = []
+        self.consts: list = []
+        self._templates: dict = {}
+
+    def write(self, closed_jaxpr):
+        """The rewritten program as a ClosedJaxpr."""
+        jaxpr = closed_jaxpr.jaxpr
+        invars = [core.Var(v.aval) for v in jaxpr.invars]
+        consts = self.const_vars(jaxpr, closed_jaxpr.consts)
+        outs = self.run(jaxpr, consts, invars, ())
+        if jaxpr.effects or any(e.effects for e in self.eqns):
+            raise Unwritten("effects")   # ordered ones thread tokens through a call
+        written = core.Jaxpr(self.constvars, invars, outs, self.eqns, frozenset(),
+                             jaxpr.debug_info)
+        return core.ClosedJaxpr(written, self.consts)
+
+    def const_vars(self, jaxpr, values) -> list:
+        """Fresh variables for ``jaxpr``'s constants, ``values``, held by the written one."""
+        fresh = [core.Var(v.aval) for v in jaxpr.constvars]
+        self.constvars += fresh
+        self.consts += list(values)
+        return fresh
+
+    def run(self, jaxpr, consts, args, key) -> list:
+        return ik.run_jaxpr(jaxpr, consts, args, self.eqn, key, literal=lambda atom: atom)
+
+    def eqn(self, eqn, ins, key) -> list:
+        name = eqn.primitive.name
+        if name in INLINED:
+            if name in ik.REMAT:
+                raise Unwritten(name)
+            inner, consts = split_closed(eqn.params[INLINED[name]])
+            return self.run(inner, self.const_vars(inner, consts), ins,
+                            ik.inlined_key(key, name))
+        if name in CONTROL_FLOW_RULES:
+            raise Unwritten(name)
+        decision = self.decisions.get(key, Decision())
+        ins = self.constrain_all(ins, decision.in_specs)
+        outs = [core.Var(v.aval) for v in eqn.outvars]
+        self.eqns.append(eqn.replace(invars=list(ins), outvars=outs))
+        if name in DYNAMIC_STARTS and any(
+                not isinstance(v, Literal) for v in eqn.invars[DYNAMIC_STARTS[name]:]):
+            outs = self.barrier(outs)
+        elif name in SCATTERS and any(axes for spec in decision.out_specs if spec
+                                      for axes in spec):
+            outs = self.barrier(outs)
+        return self.constrain_all(outs, decision.out_specs)
+
+    def constrain_all(self, atoms, spec_list) -> list:
+        if not spec_list:
+            return list(atoms)
+        return [self.constrain(a, s) for a, s in zip(atoms, spec_list)]
+
+    def constrain(self, atom, spec: Spec | None):
+        if spec is None or isinstance(atom, Literal) or not hasattr(atom.aval, "shape"):
+            return atom
+        sharding = NamedSharding(self.mesh, specs.to_partition_spec(spec))
+        template = self.template(("constraint", spec), [atom.aval],
+                                 lambda x: lax.with_sharding_constraint(x, sharding))
+        return self.emit(template, [atom])[0]
+
+    def barrier(self, atoms) -> list:
+        template = self.template(("barrier",), [a.aval for a in atoms],
+                                 lambda *xs: lax.optimization_barrier(xs))
+        return self.emit(template, atoms)
+
+    def template(self, key: tuple, avals, fn):
+        """The one equation ``fn`` traces to on ``avals``: its primitive, params and
+        context, as tracing writes them (kept per ``key`` and avals)."""
+        key = key + tuple(avals)
+        found = self._templates.get(key)
+        if found is None:
+            traced = jax.make_jaxpr(fn)(*(jax.ShapeDtypeStruct(a.shape, a.dtype)
+                                          for a in avals))
+            (found,) = traced.jaxpr.eqns
+            self._templates[key] = found
+        return found
+
+    def emit(self, template, atoms) -> list:
+        """``template``'s primitive on ``atoms``, its results typed as the primitive's
+        abstract evaluation types them (weak types kept)."""
+        avals, _ = template.primitive.abstract_eval(*(a.aval for a in atoms),
+                                                    **template.params)
+        avals = avals if template.primitive.multiple_results else [avals]
+        outs = [core.Var(aval) for aval in avals]
+        self.eqns.append(template.replace(invars=list(atoms), outvars=outs))
+        return outs
+
+
+def called_whole(closed_jaxpr):
+    """A function of the flat arguments binding ``closed_jaxpr`` as one jit call: its
+    trace records one equation, whatever the program's size."""
+    n_in, n_out = len(closed_jaxpr.in_avals), len(closed_jaxpr.out_avals)
+    template = jax.make_jaxpr(lambda x: jax.jit(lambda y: y)(x))(0.0).jaxpr.eqns[0]
+    unspecified = template.params["in_shardings"][0]
+    params = dict(template.params, jaxpr=closed_jaxpr, in_shardings=(unspecified,) * n_in,
+                  out_shardings=(unspecified,) * n_out, in_layouts=(None,) * n_in,
+                  out_layouts=(None,) * n_out, donated_invars=(False,) * n_in,
+                  name="autoshard_rewritten", keep_unused=True, inline=False)
+
+    def flat_fn(*flat_args):
+        return template.primitive.bind(*flat_args, **params)
+    return flat_fn
+
+
+def rewritten_function(closed_jaxpr, decisions: Mapping[tuple, Decision], mesh: Mesh):
+    """The program with the plan's constraints, as a function of the flat arguments:
+    written as a jaxpr (on its first call, when ``jax.jit`` traces it) and called whole
+    where :class:`JaxprWriter` writes it, else re-interpreted (:func:`rewrite`)."""
+    found: list = []
+
+    def flat_fn(*flat_args):
+        if not found:
+            try:
+                with collection_paused():
+                    written = JaxprWriter(decisions, mesh).write(closed_jaxpr)
+                found.append(called_whole(written))
+            except Unwritten:
+                found.append(rewrite(closed_jaxpr, decisions, mesh))
+        return found[0](*flat_args)
+    return flat_fn
+
+
 def make_jit(closed_jaxpr, in_tree, out_tree, decisions, mesh: Mesh,
              in_specs: Sequence[Spec], out_specs: Sequence[Spec], donate_argnums=(),
              check_args=None):
     """jax.jit of the rewritten program, taking and returning the user's pytrees.
     ``check_args(args)`` raises where the arguments are not the ones planned for."""
-    flat_fn = rewrite(closed_jaxpr, decisions, mesh)
+    flat_fn = rewritten_function(closed_jaxpr, decisions, mesh)
 
     def fn(*args):
         args = hold_static_leaves(args)

@@ -150,3 +150,78 @@ def test_a_dynamic_slice_at_a_traced_start_is_kept_apart(mesh_1d):
     jaxpr = rewritten(fn, {}, mesh_1d, (64,), (1,))
     names = [e.primitive.name for e in jaxpr.eqns]
     assert names.index("optimization_barrier") == names.index("dynamic_slice") + 1
+
+
+# -- the rewrite written as a jaxpr ----------------------------------------------------------
+
+def written(fn, decisions, mesh, *dims):
+    from autoshard.apply import JaxprWriter
+    from autoshard.trace import trace
+    avals = [jax.ShapeDtypeStruct(d, jnp.float32) for d in dims]
+    return JaxprWriter(decisions, mesh).write(trace(fn, *avals).closed_jaxpr).jaxpr
+
+
+def test_the_written_rewrite_holds_the_interpreted_ones_equations(mesh_1d):
+    from autoshard.apply import Decision
+    split = (("data",),)
+
+    @jax.jit
+    def inner(x):   # an inlined call, its equations keyed under it
+        return jnp.cos(x)
+
+    fn = lambda x, i: inner(jnp.sin(x)) + jax.lax.dynamic_slice_in_dim(   # noqa: E731
+        x, i.astype(jnp.int32)[0], 64)
+    decisions = {(0,): Decision(out_specs=(split,)),
+                 (1, "jit", 0): Decision(in_specs=(split,), out_specs=(((),),))}
+    for got, want in ((written(fn, decisions, mesh_1d, (64,), (1,)),
+                       rewritten(fn, decisions, mesh_1d, (64,), (1,))),
+                      (written(fn, {}, mesh_1d, (64,), (1,)),
+                       rewritten(fn, {}, mesh_1d, (64,), (1,)))):
+        assert [e.primitive.name for e in got.eqns] == [e.primitive.name for e in want.eqns]
+        assert constraints(got) == constraints(want)
+    assert "optimization_barrier" in [e.primitive.name for e in got.eqns]
+
+
+def test_a_loop_is_left_to_the_interpreter(mesh_1d):
+    from autoshard.apply import Decision, JaxprWriter, Unwritten, rewritten_function
+    from autoshard.trace import trace
+
+    def fn(c, xs):
+        return jax.lax.scan(lambda c, x: (jnp.sin(c) + x, None), c, xs)[0]
+
+    avals = [jax.ShapeDtypeStruct(d, jnp.float32) for d in ((64,), (3, 64))]
+    closed = trace(fn, *avals).closed_jaxpr
+    decisions = {(0, "carry", 0): Decision(out_specs=((("data",),),))}
+    with pytest.raises(Unwritten):
+        JaxprWriter(decisions, mesh_1d).write(closed)
+    jaxpr = jax.make_jaxpr(rewritten_function(closed, decisions, mesh_1d))(*avals).jaxpr
+    assert constraints(jaxpr) == [P("data")] * 4
+
+
+@pytest.mark.slow
+def test_the_written_rewrite_compiles_to_the_interpreted_program(mesh_2d, monkeypatch):
+    """The zoo GPT's plan, lowered as one written call and re-interpreted primitive by
+    primitive: the same compiled program, where the written one's trace is a fraction."""
+    import re
+    case = models.train_case("gpt", "tiny")
+    hw = cli.cpu_hardware(mesh_2d)
+    plan = autoshard.plan(case.train_step, *case.args, mesh=mesh_2d, hardware=hw,
+                          donate_argnums=case.donate_argnums, cache=False, progress=False)
+    args = case.abstract_args()
+
+    def compiled_text() -> str:
+        jax.clear_caches()
+        text = plan.jit(case.donate_argnums).lower(*args).compile().as_text()
+        text = text.split("\n\nFileNames")[0]           # where in the source, aside
+        return re.sub(r",? ?stack_frame_id=\d+|metadata=\{[^}]*\}|\.\d+", "", text)
+
+    traced = plan.jit(case.donate_argnums).trace(*args).jaxpr.jaxpr
+    assert [e.primitive.name for e in traced.eqns] == ["jit"]
+    written = compiled_text()
+    monkeypatch.setattr(autoshard.apply, "rewritten_function", autoshard.apply.rewrite)
+    assert written == compiled_text()
+    want = jax.device_get(plan.jit(())(*case.args))
+    monkeypatch.undo()
+    got = jax.device_get(plan.jit(())(*case.args))
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
