@@ -129,6 +129,17 @@ def propagation_gives(graph, chosen, node) -> bool:
     return follows and readers_agree and bool(graph.users[value_id])
 
 
+def kept_apart(eqn, decision: Decision) -> bool:
+    """Whether the equation's results go through an optimization barrier before their
+    readers: a dynamic slice or update at a traced start (``DYNAMIC_STARTS``), a scatter
+    whose result is split (``SCATTERS``)."""
+    name = eqn.primitive.name
+    if name in DYNAMIC_STARTS:
+        return any(not isinstance(v, Literal) for v in eqn.invars[DYNAMIC_STARTS[name]:])
+    return name in SCATTERS and any(axes for spec in decision.out_specs if spec
+                                    for axes in spec)
+
+
 class Rewriter:
     def __init__(self, decisions: Mapping[tuple, Decision], mesh: Mesh):
         self.decisions = decisions
@@ -161,11 +172,7 @@ class Rewriter:
         decision = self.decision(key)
         ins = self.constrain_all(ins, decision.in_specs)
         outs = ik.bind(eqn, ins)
-        if name in DYNAMIC_STARTS and any(
-                not isinstance(v, Literal) for v in eqn.invars[DYNAMIC_STARTS[name]:]):
-            outs = list(lax.optimization_barrier(outs))
-        elif name in SCATTERS and any(axes for spec in decision.out_specs if spec
-                                      for axes in spec):
+        if kept_apart(eqn, decision):
             outs = list(lax.optimization_barrier(outs))
         return self.constrain_all(outs, decision.out_specs)
 
@@ -311,11 +318,7 @@ class JaxprWriter:
         ins = self.constrain_all(ins, decision.in_specs)
         outs = [core.Var(v.aval) for v in eqn.outvars]
         self.eqns.append(eqn.replace(invars=list(ins), outvars=outs))
-        if name in DYNAMIC_STARTS and any(
-                not isinstance(v, Literal) for v in eqn.invars[DYNAMIC_STARTS[name]:]):
-            outs = self.barrier(outs)
-        elif name in SCATTERS and any(axes for spec in decision.out_specs if spec
-                                      for axes in spec):
+        if kept_apart(eqn, decision):
             outs = self.barrier(outs)
         return self.constrain_all(outs, decision.out_specs)
 
