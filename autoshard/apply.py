@@ -7,6 +7,11 @@ constrained after, except where XLA's sharding propagation gives the planned spe
 which every reader takes as it is). Fewer constraints compile faster. Scans, while loops
 and conds are rebuilt with ``lax.scan`` / ``lax.while_loop`` / ``lax.switch`` around
 re-interpreted bodies.
+
+A program without loops, conds, rematerialized calls or effects is not re-interpreted but
+written: :class:`JaxprWriter` copies its equations into a new jaxpr with the same
+constraints, bound as one call (:func:`rewritten_function`), so that ``jax.jit`` does not
+trace every equation a second time.
 """
 
 from __future__ import annotations
