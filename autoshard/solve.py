@@ -180,7 +180,7 @@ def _pairs(request: Request):
     memory: dict[tuple[int, int], list] = {}
     shared: dict[tuple[int, int], list] = {}
 
-    def oriented(u, v, m, dtype=None):   # as they come (stacked as floats), costs summed
+    def oriented(u, v, m, dtype=None):   # terms as they come: they are stacked as floats
         m = np.asarray(m, dtype)
         return ((u, v), m) if u < v else ((v, u), m.T)
     for u, v, m in request.edges:
