@@ -134,6 +134,10 @@ def propagation_gives(graph, chosen, node) -> bool:
     return follows and readers_agree and bool(graph.users[value_id])
 
 
+def named_sharding(mesh: Mesh, spec: Spec) -> NamedSharding:
+    return NamedSharding(mesh, specs.to_partition_spec(spec))
+
+
 def kept_apart(eqn, decision: Decision) -> bool:
     """Whether the equation's results go through an optimization barrier before their
     readers: a dynamic slice or update at a traced start (``DYNAMIC_STARTS``), a scatter
@@ -153,8 +157,7 @@ class Rewriter:
     def constrain(self, x, spec: Spec | None):
         if spec is None or isinstance(x, Literal) or not hasattr(x, "shape"):
             return x
-        sharding = NamedSharding(self.mesh, specs.to_partition_spec(spec))
-        return jax.lax.with_sharding_constraint(x, sharding)
+        return jax.lax.with_sharding_constraint(x, named_sharding(self.mesh, spec))
 
     def constrain_all(self, xs, spec_list):
         if not spec_list:
@@ -319,7 +322,7 @@ class JaxprWriter:
                             ik.inlined_key(key, name))
         if name in CONTROL_FLOW_RULES:
             raise Unwritten(name)
-        decision = self.decisions.get(key, Decision())
+        decision = self.decision(key)
         ins = self.constrain_all(ins, decision.in_specs)
         outs = [core.Var(v.aval) for v in eqn.outvars]
         self.eqns.append(eqn.replace(invars=list(ins), outvars=outs))
@@ -327,17 +330,15 @@ class JaxprWriter:
             outs = self.barrier(outs)
         return self.constrain_all(outs, decision.out_specs)
 
-    def constrain_all(self, atoms, spec_list) -> list:
-        if not spec_list:
-            return list(atoms)
-        return [self.constrain(a, s) for a, s in zip(atoms, spec_list)]
+    decision = Rewriter.decision
+    constrain_all = Rewriter.constrain_all   # each through this class's ``constrain``
 
     def constrain(self, atom, spec: Spec | None):
         if spec is None or isinstance(atom, Literal) or not hasattr(atom.aval, "shape"):
             return atom
-        sharding = NamedSharding(self.mesh, specs.to_partition_spec(spec))
-        template = self.template(("constraint", spec), [atom.aval],
-                                 lambda x: lax.with_sharding_constraint(x, sharding))
+        template = self.template(("constraint", spec), [atom.aval],   # made on a miss only
+                                 lambda x: lax.with_sharding_constraint(
+                                     x, named_sharding(self.mesh, spec)))
         return self.emit(template, [atom])[0]
 
     def barrier(self, atoms) -> list:
@@ -419,11 +420,10 @@ def make_jit(closed_jaxpr, in_tree, out_tree, decisions, mesh: Mesh,
             raise PlanError(f"arguments have structure {tree}; the plan was made for {in_tree}")
         return jax.tree_util.tree_unflatten(out_tree, flat_fn(*flat))
 
-    def sharding(spec):
-        return NamedSharding(mesh, specs.to_partition_spec(spec))
-
-    in_shardings = jax.tree_util.tree_unflatten(in_tree, [sharding(s) for s in in_specs])
-    out_shardings = jax.tree_util.tree_unflatten(out_tree, [sharding(s) for s in out_specs])
+    in_shardings = jax.tree_util.tree_unflatten(in_tree,
+                                                [named_sharding(mesh, s) for s in in_specs])
+    out_shardings = jax.tree_util.tree_unflatten(out_tree,
+                                                 [named_sharding(mesh, s) for s in out_specs])
     jitted = jax.jit(fn, in_shardings=tuple(in_shardings), out_shardings=out_shardings,
                      donate_argnums=donate_argnums)
     if check_args is None and not (has_static_leaves(in_tree) or has_static_leaves(out_tree)):
