@@ -201,18 +201,33 @@ def _pairs(request: Request):
         yield key, costs.get(key, np.zeros(shape)), memory.get(key, []), shared.get(key, [])
 
 
-def _classes(matrices: np.ndarray):
-    """Rows (strategies of u) alike in every matrix of ``matrices`` ([matrix, u, v]) form a
-    class, and so do columns; every matrix is constant on each (row class, column class)
-    block. Returns the class of each row and column and the matrices reduced to one entry
-    per block ([matrix, row class, column class])."""
-    # copies of one matrix (a layer's terms, once per layer) tell rows apart no better
-    distinct = matrices[sorted({m.tobytes(): k for k, m in
-                                reversed(list(enumerate(matrices)))}.values())]
-    row_of, rep_rows = _row_classes(distinct.transpose(1, 0, 2).reshape(matrices.shape[1], -1))
+def _classes(matrices: Sequence[np.ndarray], rows: np.ndarray, cols: np.ndarray):
+    """Rows ``rows`` (strategies of u) alike in every matrix of ``matrices`` ([u, v] each)
+    form a class, and so do columns ``cols``; every matrix is constant on each (row class,
+    column class) block. Returns the class of each row and column and each matrix reduced
+    to one entry per block ([row class, column class])."""
+    # copies of one matrix (a layer's terms, once per layer) tell rows apart no better:
+    # each distinct matrix is cut to ``rows`` x ``cols`` and compared once
+    index: dict[tuple, int] = {}
+    of_id: dict[int, int] = {}
+    which = []
+    for m in matrices:
+        if id(m) not in of_id:
+            a = np.asarray(m)
+            of_id[id(m)] = index.setdefault((a.dtype.str, a.shape, a.tobytes()), len(index))
+        which.append(of_id[id(m)])
+    firsts = dict.fromkeys(which)
+    distinct = np.stack([np.asarray(matrices[which.index(k)], float) for k in firsts])
+    if len(rows) < distinct.shape[1]:
+        distinct = distinct[:, rows]
+    if len(cols) < distinct.shape[2]:
+        distinct = distinct[:, :, cols]
+    row_of, rep_rows = _row_classes(distinct.transpose(1, 0, 2).reshape(len(rows), -1))
     col_of, rep_cols = _row_classes(distinct[:, rep_rows].transpose(2, 0, 1)
-                                    .reshape(matrices.shape[2], -1))
-    return row_of, col_of, matrices[:, rep_rows][:, :, rep_cols]
+                                    .reshape(len(cols), -1))
+    reduced = distinct[:, rep_rows][:, :, rep_cols]
+    position = {k: i for i, k in enumerate(firsts)}
+    return row_of, col_of, [reduced[position[k]] for k in which]
 
 
 def _row_classes(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -222,7 +237,9 @@ def _row_classes(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     seen: dict[bytes, int] = {}
     first = np.array([seen.setdefault(row.tobytes(), i) for i, row in enumerate(m)])
     reps = np.array(list(seen.values()))
-    order = np.lexsort(m[reps].T[::-1])   # column 0 sorts first
+    distinct = m[reps]
+    telling = distinct[:, (distinct != distinct[:1]).any(axis=0)]   # equal columns tie
+    order = np.lexsort(telling.T[::-1]) if telling.shape[1] else np.arange(len(reps))
     rank = np.empty(len(m), dtype=np.int64)
     rank[reps[order]] = np.arange(len(reps))
     return rank[first], reps[order]
@@ -240,35 +257,32 @@ class _Ilp:
         self.offsets = np.cumsum([0] + [len(c) for c in request.node_costs])
         self.num_x = int(self.offsets[-1])
         cost = [np.asarray(c, float) * SECONDS_SCALE for c in request.node_costs]
-        rows, cols, vals, lower, upper = [], [], [], [], []
-        blocks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (rows, cols, vals)
-        row = 0
-        for g in range(len(request.node_costs)):       # one-hot per group
-            for s in range(len(cost[g])):
-                rows.append(row); cols.append(self.offsets[g] + s); vals.append(1.0)
-            lower.append(1.0); upper.append(1.0); row += 1
+        rows, cols, vals = [], [], []
+        num_groups = len(request.node_costs)
+        # (rows, cols, vals) of the rows built here, as arrays; one-hot per group first
+        blocks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = [(
+            np.repeat(np.arange(num_groups), np.diff(self.offsets)), np.arange(self.num_x),
+            np.ones(self.num_x))]
+        lower, upper = [1.0] * num_groups, [1.0] * num_groups
+        row = num_groups
         edge_costs = []
         next_var = self.num_x
         self.edge_memory: dict[int, tuple[int, np.ndarray]] = {}   # term -> (base, e bytes)
         # shared edge cost k is paid through y_k >= every member's marked products
-        shared_rows: list[tuple[int, list[int]]] = []
+        shared_rows: list[tuple[int, np.ndarray]] = []
         for (u, v), m, memory, shared in _pairs(request):
             # only allowed strategies get product variables: the others are 0 anyway
             su = np.flatnonzero(allowed_mask(request, u))
             sv = np.flatnonzero(allowed_mask(request, v))
-            stacked = np.stack([m] + [b for _, b in memory] + [p for _, p in shared])
-            if len(su) < stacked.shape[1]:
-                stacked = stacked[:, su]
-            if len(sv) < stacked.shape[2]:
-                stacked = stacked[:, :, sv]
-            row_of, col_of, (cost_keys, *keys) = _classes(stacked.astype(float, copy=False))
+            row_of, col_of, (cost_keys, *keys) = _classes(
+                [m] + [b for _, b in memory] + [p for _, p in shared], su, sv)
             r_n, c_n = cost_keys.shape
             base = next_var
             edge_costs.append(cost_keys.ravel() * SECONDS_SCALE)
             for (t, _), term_keys in zip(memory, keys):
                 self.edge_memory[t] = (base, term_keys.ravel())
             for (k, _), paid_keys in zip(shared, keys[len(memory):]):
-                shared_rows.append((k, (base + np.flatnonzero(paid_keys.ravel())).tolist()))
+                shared_rows.append((k, base + np.flatnonzero(paid_keys.ravel())))
             next_var += r_n * c_n
             # sum_c e[r, c] = sum of x[u, s] with row(s) = r, then
             # sum_r e[r, c] = sum of x[v, t] with column(t) = c
@@ -295,14 +309,19 @@ class _Ilp:
         for k, (_, members) in enumerate(request.shared_edge_costs):   # within one group
             for u, v, paid in members:
                 if u == v:
-                    marked = np.flatnonzero(np.diag(paid)) + self.offsets[u]
-                    shared_rows.append((k, marked.tolist()))
+                    shared_rows.append((k, np.flatnonzero(np.diag(paid)) + self.offsets[u]))
         first_y = self.first_shared_y = next_var
-        for k, marked in shared_rows:   # y_k >= sum of the member's marked products
-            rows.append(row); cols.append(first_y + k); vals.append(1.0)
-            for var in marked:
-                rows.append(row); cols.append(var); vals.append(-1.0)
-            lower.append(0.0); upper.append(np.inf); row += 1
+        if shared_rows:   # y_k >= sum of the member's marked products
+            ks, marked = zip(*shared_rows)
+            counts = np.array([len(m) for m in marked]) + 1
+            starts = np.cumsum(counts) - counts
+            entries = np.full(int(counts.sum()), -1.0)
+            entries[starts] = 1.0
+            columns = np.concatenate([np.concatenate(([first_y + k], m))
+                                      for k, m in zip(ks, marked)])
+            blocks.append((np.repeat(np.arange(row, row + len(ks)), counts), columns,
+                           entries))
+            lower.extend([0.0] * len(ks)); upper.extend([np.inf] * len(ks)); row += len(ks)
         shared_costs.append(np.array([seconds * SECONDS_SCALE
                                       for seconds, _ in request.shared_edge_costs]))
         next_var += len(request.shared_edge_costs)
@@ -316,7 +335,7 @@ class _Ilp:
         self.num_vars = next_var
         self.cost = np.concatenate(cost + edge_costs + shared_costs)
         self.rows, self.cols, self.vals = rows, cols, vals
-        self.blocks = blocks   # the marginal rows, as arrays: entries beside rows/cols/vals
+        self.blocks = blocks   # entries beside rows/cols/vals (memory rows, appended)
         self.lower, self.upper, self.num_rows = lower, upper, row
         self.integrality = np.zeros(self.num_vars)
         self.integrality[: self.num_x] = 1
