@@ -296,7 +296,20 @@ def fewest_peak(terms: Sequence[MemoryTerm], fixed_terms: Sequence[int], rows,
     """The fewest bytes the peak of ``terms`` can be, each term at the fewest bytes any
     strategy ``masks`` allow gives it (a shared copy need not be made): the fixed terms
     plus the largest row. Terms never hold negative bytes, so dropping terms lowers it."""
-    floors = np.asarray([term.fewest(masks) for term in terms], float)
+    whole = [bool(mask.all()) for mask in masks]
+    known: dict[tuple[int, bool], float] = {}   # a repeated layer's terms share byte arrays
+
+    def fewest(term: MemoryTerm) -> float:
+        if isinstance(term, CopyTerm):
+            return 0.0
+        groups = (term.group,) if isinstance(term, GroupTerm) else (term.u, term.v)
+        if not all(whole[g] for g in groups):
+            return term.fewest(masks)
+        key = (id(term.num_bytes), isinstance(term, PairTerm) and term.u == term.v)
+        if key not in known:
+            known[key] = term.fewest(masks)
+        return known[key]
+    floors = np.asarray([fewest(term) for term in terms], float)
     if not len(floors):
         return 0.0
     fixed = floors[list(fixed_terms)].sum() if len(fixed_terms) else 0.0
