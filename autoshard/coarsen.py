@@ -199,9 +199,7 @@ def quotient(request: Request, class_of: np.ndarray) -> Request:
     for seconds, members in request.shared_costs:
         key = tuple(sorted({(int(class_of[g]), s) for g, s in members}))
         shared[key] = shared.get(key, 0.0) + seconds
-    shared_edges, entry_of = _merged([(seconds, tuple((int(class_of[u]), int(class_of[v]), paid)
-                                                      for u, v, paid in members))
-                                      for seconds, members in request.shared_edge_costs])
+    shared_edges, entry_of = _merged(request.shared_edge_costs, class_of.tolist())
     return dataclasses.replace(
         request, node_costs=node_costs,
         edges=[Edge(u, v, m) for (u, v), m in edges.items()],
@@ -224,21 +222,24 @@ def term_over_classes(term: MemoryTerm, class_of: np.ndarray, entry_of: list[int
     return CopyTerm(entry_of[term.copy], term.num_bytes)
 
 
-def _merged(shared_edges):
-    """Entries paid under the same condition (copies of a layer's reshard, now on the
-    same classes) as one entry of their summed seconds; and each entry's new index. A
-    layer's copies share their marks (the cost stage makes them once), so conditions are
-    told apart by the mark arrays themselves, alive in the request."""
+def _merged(shared_edges, class_of: Sequence[int]):
+    """The shared edge costs over classes (``class_of``), those paid under the same
+    condition (copies of a layer's reshard, now on the same classes) as one entry of their
+    summed seconds; and each entry's new index. A layer's copies share their marks (the
+    cost stage makes them once), so conditions are told apart by the mark arrays
+    themselves, alive in the request."""
     by_condition: dict[tuple, int] = {}
     merged, entry_of = [], []
     for seconds, members in shared_edges:
-        key = tuple((u, v, id(paid)) for u, v, paid in members)
-        if key in by_condition:
-            merged[by_condition[key]][0] += seconds
+        key = tuple((class_of[u], class_of[v], id(paid)) for u, v, paid in members)
+        k = by_condition.get(key)
+        if k is None:
+            k = by_condition[key] = len(merged)
+            merged.append([seconds, tuple((class_of[u], class_of[v], paid)
+                                          for u, v, paid in members)])
         else:
-            by_condition[key] = len(merged)
-            merged.append([seconds, members])
-        entry_of.append(by_condition[key])
+            merged[k][0] += seconds
+        entry_of.append(k)
     return [SharedEdgeCost(seconds, members) for seconds, members in merged], entry_of
 
 
