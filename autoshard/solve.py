@@ -208,16 +208,17 @@ def _classes(matrices: Sequence[np.ndarray], rows: np.ndarray, cols: np.ndarray)
     to one entry per block ([row class, column class])."""
     # copies of one matrix (a layer's terms, once per layer) tell rows apart no better:
     # each distinct matrix is cut to ``rows`` x ``cols`` and compared once
-    index: dict[tuple, int] = {}
+    index: dict[tuple, int] = {}   # distinct matrices, numbered in order of appearance
     of_id: dict[int, int] = {}
-    which = []
+    which, firsts = [], []
     for m in matrices:
         if id(m) not in of_id:
             a = np.asarray(m)
             of_id[id(m)] = index.setdefault((a.dtype.str, a.shape, a.tobytes()), len(index))
+            if of_id[id(m)] == len(firsts):
+                firsts.append(a)
         which.append(of_id[id(m)])
-    firsts = dict.fromkeys(which)
-    distinct = np.stack([np.asarray(matrices[which.index(k)], float) for k in firsts])
+    distinct = np.stack([np.asarray(a, float) for a in firsts])
     if len(rows) < distinct.shape[1]:
         distinct = distinct[:, rows]
     if len(cols) < distinct.shape[2]:
@@ -226,8 +227,7 @@ def _classes(matrices: Sequence[np.ndarray], rows: np.ndarray, cols: np.ndarray)
     col_of, rep_cols = _row_classes(distinct[:, rep_rows].transpose(2, 0, 1)
                                     .reshape(len(cols), -1))
     reduced = distinct[:, rep_rows][:, :, rep_cols]
-    position = {k: i for i, k in enumerate(firsts)}
-    return row_of, col_of, [reduced[position[k]] for k in which]
+    return row_of, col_of, [reduced[k] for k in which]
 
 
 def _row_classes(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
