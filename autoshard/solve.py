@@ -311,17 +311,11 @@ class _Ilp:
                 if u == v:
                     shared_rows.append((k, np.flatnonzero(np.diag(paid)) + self.offsets[u]))
         first_y = self.first_shared_y = next_var
-        if shared_rows:   # y_k >= sum of the member's marked products
-            ks, marked = zip(*shared_rows)
-            counts = np.array([len(m) for m in marked]) + 1
-            starts = np.cumsum(counts) - counts
-            entries = np.full(int(counts.sum()), -1.0)
-            entries[starts] = 1.0
-            columns = np.concatenate([np.concatenate(([first_y + k], m))
-                                      for k, m in zip(ks, marked)])
-            blocks.append((np.repeat(np.arange(row, row + len(ks)), counts), columns,
-                           entries))
-            lower.extend([0.0] * len(ks)); upper.extend([np.inf] * len(ks)); row += len(ks)
+        for k, marked in shared_rows:   # y_k >= sum of the member's marked products
+            rows.append(row); cols.append(first_y + k); vals.append(1.0)
+            rows.extend([row] * len(marked)); cols.extend(marked.tolist())
+            vals.extend([-1.0] * len(marked))
+            lower.append(0.0); upper.append(np.inf); row += 1
         shared_costs.append(np.array([seconds * SECONDS_SCALE
                                       for seconds, _ in request.shared_edge_costs]))
         next_var += len(request.shared_edge_costs)
