@@ -89,9 +89,18 @@ def assignments(einsum: Einsum, axis_sizes) -> list[dict[str, tuple[str, ...]]]:
         for axis, label in zip(names, choice):
             if label is not None:
                 split[label] = split.get(label, ()) + (axis,)
-        if all(einsum.sizes[l] % group_of(ax, axis_sizes) == 0 for l, ax in split.items()):
+        if (all(einsum.sizes[l] % group_of(ax, axis_sizes) == 0 for l, ax in split.items())
+                and not leaves_replicas_in_reduction(einsum, split, choice)):
             out.append(split)
     return out
+
+
+def leaves_replicas_in_reduction(einsum: Einsum, split, choice) -> bool:
+    """A split reduce label of an einsum whose partial results XLA sums over every device
+    (``Einsum.reduces_over_all_devices``), with some mesh axis left to replicate over:
+    the replicas' copies would be summed too."""
+    return (einsum.reduces_over_all_devices and bool(einsum.reduce & split.keys())
+            and None in choice)
 
 
 def term_spec(term, split) -> Spec:

@@ -39,6 +39,9 @@ class Einsum:
     contraction: bool = False   # a dot or convolution: products of two operands, summed
     reduction: bool = False     # folds dims into statistics that fusions take their inputs in
     expensive: bool = False     # elementwise that XLA does not compute twice (exp, tanh, ...)
+    # XLA's partitioner sums a split ``reduce`` label's partial results over every device,
+    # replicas included: split one only where every mesh axis splits some label
+    reduces_over_all_devices: bool = False
 
     def __str__(self) -> str:
         def term(labels):

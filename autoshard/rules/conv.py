@@ -7,6 +7,9 @@ keeps each device's inputs and kernels together, so it needs no collective. With
 ``batch_group_count`` G (the kernel gradient of a grouped conv) the input's batch-position
 dim holds the groups, the kernel's output features too, and the contracted
 feature-position dims (the model's batch) split as a partial sum, as in data parallel.
+XLA's partitioner all-reduces that partial sum over every device, replicas included (a
+split contraction with a mesh axis left over comes out times that axis's size), so it
+splits only where every mesh axis splits the conv.
 """
 
 from __future__ import annotations
@@ -44,4 +47,5 @@ def conv(node, out_shapes) -> Einsum:
     kernel = math.prod(rhs[d] for d in rhs_spec[1:])  # input features x window
     flops = 2.0 * math.prod(out) * kernel
     return Einsum((tuple(lhs_t), tuple(rhs_t)), (tuple(out_t),), labels.sizes,
-                  reduce=frozenset(reduce), flops=flops, contraction=True)
+                  reduce=frozenset(reduce), flops=flops, contraction=True,
+                  reduces_over_all_devices=batch_groups > 1)
