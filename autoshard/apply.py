@@ -25,13 +25,12 @@ from typing import Mapping, Sequence
 
 import jax
 from jax import lax
-from jax.extend import core
-from jax.extend.core import Literal
 from jax.sharding import Mesh, NamedSharding
 
 from autoshard import interpret as ik
-from autoshard import specs
-from autoshard.interpret import INLINED, split_closed
+from autoshard import jax_compat, specs
+from autoshard.interpret import INLINED
+from autoshard.jax_compat import Literal
 from autoshard.specs import Spec
 from autoshard.rules.elementwise import BINARY, NARY, UNARY
 from autoshard.trace import has_static_leaves, hold_static_leaves, release_static_leaves
@@ -194,9 +193,9 @@ class Rewriter:
         return [self.seam(key_of(k), x, which) for k, x in enumerate(xs)]
 
     def scan(self, eqn, ins, key) -> list:
-        p = eqn.params
-        body, body_consts = split_closed(p["jaxpr"])
-        ops = ik.scan_operands(p, ins)
+        p = jax_compat.scan_params(eqn.params)
+        body, body_consts = p.body, p.body_consts
+        ops = ik.scan_operands(eqn.params, ins)
         ncarry = len(ops.carry)
 
         carry, xs, ys = (functools.partial(f, key) for f in (ik.carry_key, ik.xs_key, ik.ys_key))
@@ -210,27 +209,25 @@ class Rewriter:
                             ik.body_key(key))
             return self.seams(carry, outs[:ncarry]), self.seams(ys, outs[ncarry:], "in")
 
-        final, out_ys = lax.scan(step, init, stacked, length=p["length"],
-                                 reverse=p["reverse"], unroll=p["unroll"])
+        final, out_ys = lax.scan(step, init, stacked, length=p.length, reverse=p.reverse,
+                                 unroll=p.unroll)
         return [*self.seams(carry, final), *self.seams(ys, out_ys)]
 
     def while_loop(self, eqn, ins, key) -> list:
-        p = eqn.params
-        cond, cond_consts_closed = split_closed(p["cond_jaxpr"])
-        body, body_consts_closed = split_closed(p["body_jaxpr"])
-        ops = ik.while_operands(p, ins)
+        p = jax_compat.while_params(eqn.params)
+        ops = ik.while_operands(eqn.params, ins)
 
         carry = functools.partial(ik.carry_key, key)
         body_consts = self.seams(functools.partial(ik.const_key, key), ops.consts)
         init = self.seams(carry, ops.carry)
 
         def cond_fun(state):
-            (out,) = jax.core.eval_jaxpr(cond, cond_consts_closed, *ops.cond_consts, *state)
+            (out,) = jax_compat.eval_jaxpr(p.cond, p.cond_consts, *ops.cond_consts, *state)
             return out
 
         def body_fun(state):
             state = self.seams(carry, state)
-            outs = self.run(body, body_consts_closed, [*body_consts, *state], ik.body_key(key))
+            outs = self.run(p.body, p.body_consts, [*body_consts, *state], ik.body_key(key))
             return self.seams(carry, outs)
 
         return self.seams(carry, lax.while_loop(cond_fun, body_fun, init))
@@ -241,14 +238,13 @@ class Rewriter:
         out = functools.partial(ik.branch_out_key, key)
         ops = self.seams(functools.partial(ik.branch_in_key, key), ops)
 
-        def branch_fn(b, branch):
-            inner, consts = split_closed(branch)
-
+        def branch_fn(b, inner, consts):
             def fn(*operands):
                 return self.seams(out, self.run(inner, consts, operands, ik.branch_key(key, b)))
             return fn
 
-        branches = [branch_fn(b, br) for b, br in enumerate(eqn.params["branches"])]
+        branches = [branch_fn(b, inner, consts)
+                    for b, (inner, consts) in enumerate(jax_compat.cond_branches(eqn.params))]
         return self.seams(out, lax.switch(index, branches, *ops))
 
 
@@ -293,18 +289,17 @@ class JaxprWriter:
     def write(self, closed_jaxpr):
         """The rewritten program as a ClosedJaxpr."""
         jaxpr = closed_jaxpr.jaxpr
-        invars = [core.Var(v.aval) for v in jaxpr.invars]
+        invars = [jax_compat.new_var(v.aval) for v in jaxpr.invars]
         consts = self.const_vars(jaxpr, closed_jaxpr.consts)
         outs = self.run(jaxpr, consts, invars, ())
         if jaxpr.effects or any(e.effects for e in self.eqns):
             raise Unwritten("effects")   # ordered ones thread tokens through a call
-        written = core.Jaxpr(self.constvars, invars, outs, self.eqns, frozenset(),
-                             jaxpr.debug_info)
-        return core.ClosedJaxpr(written, self.consts)
+        return jax_compat.closed_jaxpr(self.constvars, invars, outs, self.eqns, self.consts,
+                                       jaxpr.debug_info)
 
     def const_vars(self, jaxpr, values) -> list:
         """Fresh variables for ``jaxpr``'s constants, ``values``, held by the written one."""
-        fresh = [core.Var(v.aval) for v in jaxpr.constvars]
+        fresh = [jax_compat.new_var(v.aval) for v in jaxpr.constvars]
         self.constvars += fresh
         self.consts += list(values)
         return fresh
@@ -317,14 +312,14 @@ class JaxprWriter:
         if name in INLINED:
             if name in ik.REMAT:
                 raise Unwritten(name)
-            inner, consts = split_closed(eqn.params[INLINED[name]])
+            inner, consts = jax_compat.inlined_body(eqn)
             return self.run(inner, self.const_vars(inner, consts), ins,
                             ik.inlined_key(key, name))
         if name in CONTROL_FLOW_RULES:
             raise Unwritten(name)
         decision = self.decision(key)
         ins = self.constrain_all(ins, decision.in_specs)
-        outs = [core.Var(v.aval) for v in eqn.outvars]
+        outs = [jax_compat.new_var(v.aval) for v in eqn.outvars]
         self.eqns.append(eqn.replace(invars=list(ins), outvars=outs))
         if kept_apart(eqn, decision):
             outs = self.barrier(outs)
@@ -364,7 +359,7 @@ class JaxprWriter:
         avals, _ = template.primitive.abstract_eval(*(a.aval for a in atoms),
                                                     **template.params)
         avals = avals if template.primitive.multiple_results else [avals]
-        outs = [core.Var(aval) for aval in avals]
+        outs = [jax_compat.new_var(aval) for aval in avals]
         self.eqns.append(template.replace(invars=list(atoms), outvars=outs))
         return outs
 
@@ -372,17 +367,7 @@ class JaxprWriter:
 def called_whole(closed_jaxpr):
     """A function of the flat arguments binding ``closed_jaxpr`` as one jit call: its
     trace records one equation, whatever the program's size."""
-    n_in, n_out = len(closed_jaxpr.in_avals), len(closed_jaxpr.out_avals)
-    template = jax.make_jaxpr(lambda x: jax.jit(lambda y: y)(x))(0.0).jaxpr.eqns[0]
-    unspecified = template.params["in_shardings"][0]
-    params = dict(template.params, jaxpr=closed_jaxpr, in_shardings=(unspecified,) * n_in,
-                  out_shardings=(unspecified,) * n_out, in_layouts=(None,) * n_in,
-                  out_layouts=(None,) * n_out, donated_invars=(False,) * n_in,
-                  name="autoshard_rewritten", keep_unused=True, inline=False)
-
-    def flat_fn(*flat_args):
-        return template.primitive.bind(*flat_args, **params)
-    return flat_fn
+    return jax_compat.jit_call(closed_jaxpr, "autoshard_rewritten")
 
 
 def rewritten_function(closed_jaxpr, decisions: Mapping[tuple, Decision], mesh: Mesh):

@@ -41,7 +41,7 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 
-from autoshard import specs
+from autoshard import jax_compat, specs
 from autoshard.errors import AutoshardError
 
 from autoshard.launch import (ENV_COORDINATOR_ADDRESS, ENV_DEVICES_PER_PROCESS,  # noqa: F401
@@ -89,17 +89,12 @@ def _env_int(name: str) -> int | None:
 
 
 def _backend_started() -> bool:
-    from jax._src import xla_bridge
-    return xla_bridge.backends_are_initialized()
+    return jax_compat.backends_started()
 
 
 def detected_cluster() -> str | None:
     """The name of the cluster environment JAX detects (SLURM, Open MPI, ...), if any."""
-    try:
-        from jax._src.clusters import ClusterEnv
-    except ImportError:   # pragma: no cover - layout of a future jax
-        return None
-    for env in ClusterEnv._cluster_types:
+    for env in jax_compat.cluster_env_types():
         if getattr(env, "opt_in_only_method", False):
             continue
         try:
@@ -124,8 +119,7 @@ def _set_cpu_device_count(devices_per_process: int) -> None:
 
 def process_info() -> ProcessInfo:
     """This process's id and the process count (1 process when not distributed)."""
-    from jax._src import distributed as jax_distributed
-    state = jax_distributed.global_state
+    state = jax_compat.distributed_state()
     if state.client is None:
         return ProcessInfo(0, 1, None)
     return ProcessInfo(state.process_id, state.num_processes, state.coordinator_address)
@@ -153,8 +147,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         info = autoshard.distributed.initialize()   # under autoshard.launch or srun
         print(info.process_id, info.num_processes, jax.device_count())
     """
-    from jax._src import distributed as jax_distributed
-    if jax_distributed.global_state.client is not None:
+    if jax_compat.distributed_state().client is not None:
         return process_info()
     coordinator_address = coordinator_address or os.environ.get(ENV_COORDINATOR_ADDRESS)
     num_processes = num_processes if num_processes is not None else _env_int(ENV_NUM_PROCESSES)
@@ -300,8 +293,7 @@ def specs_from_json(obj):
 
 
 def _client():
-    from jax._src import distributed as jax_distributed
-    return jax_distributed.global_state.client
+    return jax_compat.distributed_state().client
 
 
 def exchange(name: str, value: str, *, timeout_s: float = 60.0) -> list[str]:

@@ -29,25 +29,12 @@ import dataclasses
 from typing import Any, Callable, Sequence
 
 import jax
-from jax.extend.core import Literal
 
-# Primitives whose body is inlined: name -> param holding the (closed) jaxpr.
-INLINED = {
-    "jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
-    "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr",
-    "checkpoint": "jaxpr", "remat2": "jaxpr", "remat": "jaxpr",
-}
-# Inlined calls that are rematerialized: ``apply`` wraps their body in ``jax.checkpoint``.
-REMAT = ("checkpoint", "remat2", "remat")
+from autoshard import jax_compat
+from autoshard.jax_compat import INLINED, REMAT, Literal, split_closed  # noqa: F401
+
 # Primitives kept as units, their bodies walked under their own keys.
 CONTROL_FLOW = ("scan", "while", "cond")
-
-
-def split_closed(jaxpr) -> tuple[Any, Sequence]:
-    """(open jaxpr, consts) of a Jaxpr or ClosedJaxpr."""
-    if hasattr(jaxpr, "consts"):
-        return jaxpr.jaxpr, jaxpr.consts
-    return jaxpr, ()
 
 
 def literal_value(literal: Literal):
@@ -72,12 +59,10 @@ def run_jaxpr(jaxpr, consts: Sequence, args: Sequence, rule: Callable,
 def run_inlined(eqn, ins: Sequence, run_body: Callable) -> list:
     """An inlined call (:data:`INLINED`): its body run by ``run_body(jaxpr, consts,
     args)``, under ``jax.checkpoint`` where the call rematerializes (:data:`REMAT`)."""
-    name = eqn.primitive.name
-    inner, consts = split_closed(eqn.params[INLINED[name]])
+    inner, consts = jax_compat.inlined_body(eqn)
     body = lambda *a: run_body(inner, consts, a)  # noqa: E731
-    if name in REMAT:
-        body = jax.checkpoint(body, prevent_cse=eqn.params.get("prevent_cse", True),
-                              policy=eqn.params.get("policy"))
+    if eqn.primitive.name in REMAT:
+        body = jax.checkpoint(body, **jax_compat.remat_options(eqn.params))
     return list(body(*ins))
 
 
@@ -162,13 +147,15 @@ class LoopOperands:
 
 def scan_operands(params, ins: Sequence) -> LoopOperands:
     """``scan``'s operands: ``num_consts`` constants, ``num_carry`` carries, then xs."""
-    nc, ncarry = params["num_consts"], params["num_carry"]
+    p = jax_compat.scan_params(params)
+    nc, ncarry = p.num_consts, p.num_carry
     return LoopOperands(consts=ins[:nc], carry=ins[nc:nc + ncarry], xs=ins[nc + ncarry:])
 
 
 def while_operands(params, ins: Sequence) -> LoopOperands:
     """``while``'s operands: the condition's constants, the body's, then the carries."""
-    cn, bn = params["cond_nconsts"], params["body_nconsts"]
+    p = jax_compat.while_params(params)
+    cn, bn = p.cond_nconsts, p.body_nconsts
     return LoopOperands(consts=ins[cn:cn + bn], carry=ins[cn + bn:], cond_consts=ins[:cn])
 
 

@@ -48,12 +48,11 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
 from jax.sharding import NamedSharding, PartitionSpec
 
+from autoshard import jax_compat
 from autoshard.errors import InputError
-from autoshard.interpret import INLINED, bind, run_inlined, run_jaxpr, split_closed
+from autoshard.interpret import INLINED, bind, run_inlined, run_jaxpr
 
 
 # -- the stage shift -----------------------------------------------------------------------
@@ -62,9 +61,6 @@ from autoshard.interpret import INLINED, bind, run_inlined, run_jaxpr, split_clo
 # whole: the planner would gather the stage buffer to roll it. As one primitive the shift
 # keeps its operand's spec, and its rule prices the collective-permute XLA emits for a
 # roll of a dim split over the stage axis (its lowering is the same roll).
-
-stage_shift_p = Primitive("stage_shift")
-
 
 def stage_shift(x, shift: int = 1, dimension: int = 0):
     """``jnp.roll(x, shift, dimension)``: entry i moves to i + shift along ``dimension``."""
@@ -75,19 +71,15 @@ def _roll(x, *, shift, dimension):
     return jnp.roll(x, shift, axis=dimension)
 
 
-stage_shift_p.def_impl(_roll)
-stage_shift_p.def_abstract_eval(lambda x, **_: x)
-mlir.register_lowering(stage_shift_p, mlir.lower_fun(_roll, multiple_results=False))
-ad.deflinear2(stage_shift_p, lambda ct, x, *, shift, dimension:
-              [stage_shift(ad.instantiate_zeros(ct), -shift, dimension)])
-
-
 def _shift_batched(args, dims, *, shift, dimension):
     (x,), (d,) = args, dims
     return stage_shift(x, shift, dimension + (d is not None and d <= dimension)), d
 
 
-batching.primitive_batchers[stage_shift_p] = _shift_batched
+stage_shift_p = jax_compat.linear_primitive(
+    "stage_shift", _roll,
+    transpose=lambda ct, *, shift, dimension: stage_shift(ct, -shift, dimension),
+    batch=_shift_batched)
 
 
 SCHEDULES = ("gpipe", "circular")
@@ -176,7 +168,7 @@ def layer_scans(jaxpr) -> list:
         if name == "scan":
             found.append(eqn)
         elif name in INLINED:
-            found += layer_scans(split_closed(eqn.params[INLINED[name]])[0])
+            found += layer_scans(jax_compat.inlined_body(eqn)[0])
     return found
 
 
@@ -186,15 +178,15 @@ def stack_scan(jaxpr, batch: int, stages: int, microbatches: int):
     none."""
     best = None
     for eqn in layer_scans(jaxpr):
-        p = eqn.params
-        nc, ncarry, length = p["num_consts"], p["num_carry"], p["length"]
+        p = jax_compat.scan_params(eqn.params)
+        nc, ncarry, length = p.num_consts, p.num_carry, p.length
         carries = [v.aval for v in eqn.invars[nc:nc + ncarry]]
         if (len(eqn.invars) == nc + ncarry or len(eqn.outvars) != ncarry
-                or length % stages or length < stages or p["reverse"]
+                or length % stages or length < stages or p.reverse
                 or not any(a.ndim >= 1 and a.shape[0] == batch for a in carries)
                 or batch % microbatches):
             continue
-        if best is None or length > best.params["length"]:
+        if best is None or length > jax_compat.scan_params(best.params).length:
             best = eqn
     return best
 
@@ -255,7 +247,7 @@ def pipelined(fun: Callable, setting: Pipelining | None, mesh, batch_of: Callabl
             index = [id(e) for e in layer_scans(closed.jaxpr)].index(id(target))
             micro_target = layer_scans(micro.jaxpr)[index]
         if found is not None:
-            found(target.params["length"])
+            found(jax_compat.scan_params(target.params).length)
         outs = Interpreter(target, micro_target, setting, mesh, remat).run(
             closed.jaxpr, closed.consts, flat)
         return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
@@ -283,20 +275,18 @@ class Interpreter:
 
     def remat_scan(self, eqn, ins) -> list:
         """The scan as written, its body under ``jax.checkpoint``."""
-        p = eqn.params
-        body, body_consts = split_closed(p["jaxpr"])
-        nc, ncarry = p["num_consts"], p["num_carry"]
+        p = jax_compat.scan_params(eqn.params)
+        nc, ncarry = p.num_consts, p.num_carry
         consts, init, xs = ins[:nc], ins[nc:nc + ncarry], ins[nc + ncarry:]
 
         def layer(carry, x):
-            return jax.core.eval_jaxpr(body, body_consts, *consts, *carry, *x)
+            return jax_compat.eval_jaxpr(p.body, p.body_consts, *consts, *carry, *x)
         layer = remat_layer(layer, self.remat)
 
         def step(carry, x):
             outs = layer(carry, x)
             return outs[:ncarry], outs[ncarry:]
-        final, ys = lax.scan(step, list(init), list(xs), length=p["length"],
-                             unroll=p["unroll"])
+        final, ys = lax.scan(step, list(init), list(xs), length=p.length, unroll=p.unroll)
         return [*final, *ys]
 
     def constrain_stages(self, x, replica_dim: int | None = None):
@@ -342,9 +332,9 @@ class Interpreter:
         return self.constrain_stages(jnp.swapaxes(laps, 0, 1))
 
     def pipeline(self, eqn, ins) -> list:
-        p = eqn.params
-        body, body_consts = split_closed(self.micro_target.params["jaxpr"])
-        nc, ncarry, length = p["num_consts"], p["num_carry"], p["length"]
+        p = jax_compat.scan_params(eqn.params)
+        micro = jax_compat.scan_params(self.micro_target.params)
+        nc, ncarry, length = p.num_consts, p.num_carry, p.length
         s, m, v = self.setting.stages, self.setting.microbatches, self.setting.repeats
         consts, init, xs = ins[:nc], ins[nc:nc + ncarry], ins[nc + ncarry:]
         split = [a.aval.shape != b.aval.shape
@@ -382,7 +372,8 @@ class Interpreter:
                 all_consts[k] = consts[k]
 
             def layer(c, x):
-                return jax.core.eval_jaxpr(body, body_consts, *all_consts, *c, *x)
+                return jax_compat.eval_jaxpr(micro.body, micro.body_consts, *all_consts, *c,
+                                             *x)
             layer = remat_layer(layer, self.remat)
 
             def one_layer(c, x):   # the stage's activations and weights stay on its devices

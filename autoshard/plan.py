@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import jax
 import numpy as np
-from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 from jax.sharding import Mesh, NamedSharding
 
 from autoshard import specs, validate
@@ -27,6 +26,7 @@ from autoshard.breakdown import CostItem, cost_breakdown, memory_parts
 from autoshard.cost import CostGraph, operand_reshard_seconds
 from autoshard.errors import AutoshardError, MeshError, PlanError
 from autoshard.hardware import Hardware
+from autoshard.jax_compat import Literal, is_jaxpr, split_closed
 from autoshard.request import Evaluation
 from autoshard.specs import Spec
 from autoshard.trace import static_as_none
@@ -89,8 +89,7 @@ class JaxprText:
 
     def jaxpr(self, jaxpr) -> int:
         """Write ``jaxpr`` (a Jaxpr or ClosedJaxpr) unless written already; its number."""
-        if isinstance(jaxpr, ClosedJaxpr):
-            jaxpr = jaxpr.jaxpr
+        jaxpr, _ = split_closed(jaxpr)
         number = self.jaxpr_numbers.get(id(jaxpr))
         if number is not None:
             return number
@@ -131,10 +130,9 @@ class JaxprText:
         return f"{text}:{self.aval(literal.aval)}"
 
     def param(self, value) -> str:
-        if isinstance(value, (Jaxpr, ClosedJaxpr)):
+        if is_jaxpr(value):
             return f"jaxpr {self.jaxpr(value)}"
-        if type(value) is tuple and value and all(isinstance(j, (Jaxpr, ClosedJaxpr))
-                                                  for j in value):
+        if type(value) is tuple and value and all(is_jaxpr(j) for j in value):
             return "(" + ",".join(f"jaxpr {self.jaxpr(j)}" for j in value) + ")"
         text = str(value)
         return ADDRESS.sub(" at 0x", text) if " at 0x" in text else text

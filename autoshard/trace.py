@@ -18,10 +18,11 @@ import jax
 import numpy as np
 
 from autoshard import interpret as ik
+from autoshard import jax_compat
 from autoshard import validate
 from autoshard.errors import InputError
 from autoshard.graph import Graph, Node, Value
-from autoshard.interpret import INLINED, split_closed
+from autoshard.interpret import INLINED
 
 def argument_names(fn: Callable, num_args: int) -> list[str]:
     try:
@@ -167,7 +168,7 @@ class GraphBuilder:
     def eqn(self, eqn, ins, key, weight) -> list[int]:
         name = eqn.primitive.name
         if name in INLINED:
-            inner, consts = split_closed(eqn.params[INLINED[name]])
+            inner, consts = jax_compat.inlined_body(eqn)
             return self.walk(inner, consts, ins, ik.inlined_key(key, name), weight)
         if name in CONTROL_FLOW_RULES:
             return CONTROL_FLOW_RULES[name](self, eqn, ins, key, weight)
@@ -201,12 +202,12 @@ class GraphBuilder:
         return outs
 
     def scan(self, eqn, ins, key, weight):
-        p = eqn.params
-        body, body_consts = split_closed(p["jaxpr"])
-        inner_weight = weight * p["length"]
-        ops = ik.scan_operands(p, ins)
-        avals = ik.scan_operands(p, [v.aval for v in eqn.invars])
-        body_avals = ik.scan_operands(p, [v.aval for v in body.invars])
+        p = jax_compat.scan_params(eqn.params)
+        body, body_consts = p.body, p.body_consts
+        inner_weight = weight * p.length
+        ops = ik.scan_operands(eqn.params, ins)
+        avals = ik.scan_operands(eqn.params, [v.aval for v in eqn.invars])
+        body_avals = ik.scan_operands(eqn.params, [v.aval for v in body.invars])
         ncarry = len(ops.carry)
         body_in = []
         for k, (value, aval) in enumerate(zip(ops.consts, avals.consts)):
@@ -217,7 +218,7 @@ class GraphBuilder:
             [v.aval for v in eqn.outvars[:ncarry]], weight, inner_weight)
         body_in += carry_in
         # a scan unrolled whole slices its xs at static offsets (xla.hoisted_runs)
-        static = {"static": True} if p["unroll"] >= p["length"] else None
+        static = {"static": True} if p.unroll >= p.length else None
         for k, (value, aval) in enumerate(zip(ops.xs, avals.xs)):
             body_in += self.boundary("loop_xs", ik.xs_key(key, k), [value], [aval],
                                      [body_avals.xs[k]], weight, None, static)
@@ -225,7 +226,7 @@ class GraphBuilder:
         outs = self.close_carries(carry_nodes, body_out)
         # a scan unrolled whole is straight-line code to XLA (its one-trip loop is
         # inlined): its ys are the iterations' results, stacked by no loop
-        unrolled = {"unrolled": True} if p["unroll"] >= p["length"] else None
+        unrolled = {"unrolled": True} if p.unroll >= p.length else None
         for k, value in enumerate(body_out[ncarry:]):
             outs += self.boundary("loop_ys", ik.ys_key(key, k), [value],
                                   [body.outvars[ncarry + k].aval],
@@ -234,10 +235,10 @@ class GraphBuilder:
         return outs
 
     def while_loop(self, eqn, ins, key, weight):
-        p = eqn.params
-        body, body_consts = split_closed(p["body_jaxpr"])
-        ops = ik.while_operands(p, ins)
-        avals = ik.while_operands(p, [v.aval for v in eqn.invars])
+        p = jax_compat.while_params(eqn.params)
+        body, body_consts = p.body, p.body_consts
+        ops = ik.while_operands(eqn.params, ins)
+        avals = ik.while_operands(eqn.params, [v.aval for v in eqn.invars])
         nb = len(ops.consts)
         body_in = []
         for k, (value, aval) in enumerate(zip(ops.consts, avals.consts)):
@@ -257,8 +258,7 @@ class GraphBuilder:
             branch_in += self.boundary("branch_in", ik.branch_in_key(key, k), [value], [aval],
                                        [aval], weight)
         branch_outs = []
-        for b, branch in enumerate(eqn.params["branches"]):
-            inner, consts = split_closed(branch)
+        for b, (inner, consts) in enumerate(jax_compat.cond_branches(eqn.params)):
             branch_outs.append(self.walk(inner, consts, branch_in, ik.branch_key(key, b),
                                          weight))
         outs = []

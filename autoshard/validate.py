@@ -240,9 +240,10 @@ def leaf_dtype(path: str, dtype) -> None:
 def output_leaves(leaves_with_paths) -> None:
     """The traced function's results must be arrays (or numbers)."""
     import jax
+    from autoshard.jax_compat import is_tracer
     for key_path, leaf in leaves_with_paths:
         if isinstance(leaf, (jax.Array, np.ndarray, np.generic, numbers.Number)) or \
-                isinstance(leaf, jax.core.Tracer):
+                is_tracer(leaf):
             continue
         raise InputError(f"output out{jax.tree_util.keystr(key_path)} is a {type_name(leaf)}, "
                          "not an array: the function must return pytrees of arrays")

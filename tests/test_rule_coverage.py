@@ -69,6 +69,20 @@ def test_traced_primitives_never_reach_the_rules():
         coverage.TRACED)
 
 
+def test_version_table_matches_the_installed_jax():
+    """The primitives only some supported releases define are those the installed JAX
+    defines or lacks as the table says; the page lists every supported release's."""
+    from autoshard import jax_compat
+    installed = coverage.jax_primitives()
+    release = jax_compat.installed_release()
+    for name, (module, releases) in jax_compat.PRIMITIVES_BY_VERSION.items():
+        assert (name in installed) == (release in releases), name
+        if name in installed:
+            assert installed[name] == module, name
+    listed = {e.primitive for e in coverage.coverage()}
+    assert set(installed) | set(jax_compat.PRIMITIVES_BY_VERSION) == listed
+
+
 def test_coverage_page_is_current(entries):
     expected = coverage.markdown(entries)
     assert PAGE.read_text() == expected, (

@@ -131,6 +131,34 @@ def test_golden_ordinary_model_primitives(fn, avals, primitive, golden):
     assert golden_of(fn, *avals, primitive=primitive) == golden
 
 
+RELEASE_0_12 = pytest.mark.skipif(not hasattr(jax.lax, "polynomial"),
+                                  reason="primitives JAX defines since 0.12")
+
+
+@RELEASE_0_12
+@pytest.mark.parametrize("fn,avals,primitive,golden", [
+    (lambda x: jax.lax.log2(x), [f32(8, 16)], "log2", "ab->ab"),
+    # tanh's derivative
+    (jax.grad(lambda x: jnp.tanh(x).sum()), [f32(8, 16)], "one_minus_square", "ab->ab"),
+    # Horner's rule: scalar coefficients stay whole, a coefficient of size-1 dims broadcasts
+    (lambda x: jax.lax.polynomial(x, [1.0, 2.0, 3.0]), [f32(8, 16)], "polynomial",
+     "ab,,,->ab"),
+    (lambda x, c: jax.lax.polynomial(x, [c, 2.0 * c]), [f32(8, 16), f32(8, 1)], "polynomial",
+     "ab,a.,a.->ab"),
+])
+def test_golden_primitives_of_jax_0_12(fn, avals, primitive, golden):
+    assert golden_of(fn, *avals, primitive=primitive) == golden
+
+
+@RELEASE_0_12
+def test_polynomial_counts_its_multiply_adds():
+    from autoshard.rules.elementwise import elementwise
+    graph = trace(lambda x: jax.lax.polynomial(x, [1.0, 2.0, 3.0, 4.0]), f32(8, 16))
+    (node,) = [n for n in graph.nodes if n.kind == "eqn" and n.primitive == "polynomial"]
+    einsum = elementwise(node, [(8, 16)])
+    assert einsum.flops == 3 * 2 * 8 * 16 and einsum.fusible and not einsum.expensive
+
+
 def test_embedding_gather_is_vocab_parallel():
     def fn(table, ids):
         return jnp.take(table, ids, axis=0)

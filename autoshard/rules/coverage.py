@@ -1,11 +1,13 @@
 """Which JAX primitives have a sharding rule, and why the others stay whole.
 
-``jax_primitives()`` walks the modules that define the primitives of ``jax.lax``,
-``jax.random`` and ``jax.nn`` (and the calls, checkpoints and callbacks a traced program
-holds); ``coverage()`` sorts each into: a rule (the module of ``autoshard.rules`` that holds
-it), a body planned by ``trace`` (nested calls inlined, loops and branches planned through
-their seams), or replicated on purpose (``replicated.REPLICATED``, with its reason).
-``markdown()`` is the page ``docs/coverage.md``::
+``jax_primitives()`` walks the modules of the installed JAX that define the primitives of
+``jax.lax``, ``jax.random`` and ``jax.nn`` (and the calls, checkpoints and callbacks a
+traced program holds); ``coverage()`` adds those only other supported releases define
+(``jax_compat.PRIMITIVES_BY_VERSION``) and sorts each into: a rule (the module of
+``autoshard.rules`` that holds it), a body planned by ``trace`` (nested calls inlined,
+loops and branches planned through their seams), or replicated on purpose
+(``replicated.REPLICATED``, with its reason). ``markdown()`` is the page
+``docs/coverage.md``, the same whichever supported JAX writes it::
 
     python -m autoshard.rules.coverage > docs/coverage.md
 """
@@ -13,20 +15,13 @@ their seams), or replicated on purpose (``replicated.REPLICATED``, with its reas
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
-import pkgutil
 import re
 
+from autoshard import jax_compat
+from autoshard.jax_compat import INLINED, PRIMITIVES_BY_VERSION
 from autoshard.rules import RULES, replicate_all
 from autoshard.rules.replicated import REPLICATED
-from autoshard.interpret import INLINED
-
-# Packages walked whole, and single modules, that define primitives.
-PACKAGES = ("jax._src.lax", "jax._src.random", "jax._src.nn")
-MODULES = ("jax._src.ad_util", "jax._src.ad_checkpoint", "jax._src.custom_derivatives",
-           "jax._src.pjit", "jax._src.dispatch", "jax._src.debugging", "jax._src.callback",
-           "jax._src.checkify")
 
 # Bodies trace plans itself: nested calls inlined (autoshard.interpret.INLINED), loops and
 # branches kept as units whose bodies are planned.
@@ -44,19 +39,7 @@ class Entry:
     defined_in: str      # the JAX module that defines it
     status: str          # "rule", "traced", "replicated" or "missing"
     where: str           # the rules module, or the reason
-
-
-def _modules():
-    names = list(MODULES)
-    for package in PACKAGES:
-        pkg = importlib.import_module(package)
-        names.append(package)
-        names += [m.name for m in pkgutil.walk_packages(pkg.__path__, package + ".")]
-    for name in names:
-        try:
-            yield importlib.import_module(name)
-        except ImportError:   # optional back ends (e.g. a GPU-only helper)
-            continue
+    releases: tuple[str, ...] = ()   # the supported releases defining it; () for all
 
 
 def _assigns(module, attr: str) -> bool:
@@ -69,14 +52,17 @@ def _assigns(module, attr: str) -> bool:
 
 
 def jax_primitives() -> dict[str, str]:
-    """Every primitive those modules define: name -> the module defining it."""
-    from jax.extend.core import Primitive
-    found: dict[str, str] = {}
-    for module in _modules():
-        for attr, obj in list(vars(module).items()):
-            if isinstance(obj, Primitive) and (obj.name not in found
-                                               or _assigns(module, attr)):
-                found[obj.name] = module.__name__
+    """Every primitive the installed JAX defines in those modules: name -> the module
+    defining it."""
+    return jax_compat.defined_primitives(_assigns)
+
+
+def all_primitives() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Every primitive some supported release defines: name -> (the module defining it
+    in the newest, the releases defining it; () for all)."""
+    found = {name: (jax_compat.MODULE_MOVED.get(name, module), ())
+             for name, module in jax_primitives().items()}
+    found.update(PRIMITIVES_BY_VERSION)
     return found
 
 
@@ -94,22 +80,27 @@ def classify(primitive: str) -> tuple[str, str]:
 
 
 def coverage() -> list[Entry]:
-    """One entry per JAX primitive, sorted by name."""
-    return [Entry(name, module, *classify(name))
-            for name, module in sorted(jax_primitives().items())]
+    """One entry per primitive of the supported JAX releases, sorted by name."""
+    return [Entry(name, module, *classify(name), releases)
+            for name, (module, releases) in sorted(all_primitives().items())]
+
+
+def releases_text(entry: Entry) -> str:
+    return ", ".join(entry.releases) if entry.releases else "all"
 
 
 def markdown(entries: list[Entry] | None = None) -> str:
     """The coverage page: counts, then one table per status."""
-    import jax
     entries = coverage() if entries is None else entries
     by_status = {s: [e for e in entries if e.status == s]
                  for s in ("rule", "traced", "replicated", "missing")}
     lines = ["# Primitive coverage", "",
-             f"Every primitive that JAX {jax.__version__} defines in `jax.lax`, `jax.random`,",
+             f"Every primitive that JAX {jax_compat.OLDEST} to {jax_compat.NEWEST} define in "
+             "`jax.lax`, `jax.random`,",
              "`jax.nn` and the call, checkpoint and callback modules, and how autoshard "
-             "places it.", "Generated by `python -m autoshard.rules.coverage > "
-             "docs/coverage.md`; a test checks it is current.", "",
+             "places it.", "The column *JAX* says which releases define it: all of them, or "
+             "those named.", "Generated by `python -m autoshard.rules.coverage > "
+             "docs/coverage.md` on any of them; a test checks it is current.", "",
              "| status | primitives |", "| --- | --- |"]
     lines += [f"| {s} | {len(v)} |" for s, v in by_status.items()]
     titles = {"rule": ("With a sharding rule", "rules module"),
@@ -120,9 +111,10 @@ def markdown(entries: list[Entry] | None = None) -> str:
         if not group:
             continue
         title, column = titles[status]
-        lines += ["", f"## {title}", "", f"| primitive | defined in | {column} |",
-                  "| --- | --- | --- |"]
-        lines += [f"| `{e.primitive}` | `{e.defined_in}` | {e.where} |" for e in group]
+        lines += ["", f"## {title}", "", f"| primitive | JAX | defined in | {column} |",
+                  "| --- | --- | --- | --- |"]
+        lines += [f"| `{e.primitive}` | {releases_text(e)} | `{e.defined_in}` | {e.where} |"
+                  for e in group]
     return "\n".join(lines) + "\n"
 
 

@@ -12,17 +12,18 @@ UNARY = """abs acos acosh asin asinh atan atanh cbrt ceil clz conj copy copy_p c
 digamma erf erf_inv erfc exp exp2 expm1 floor imag integer_pow is_finite lgamma log log1p
 logistic neg not population_count real reduce_precision round rsqrt sign sin sinh sqrt square
 tan tanh convert_element_type bessel_i0e bessel_i1e stop_gradient optimization_barrier
-sharding_constraint zeros_like name reshard layout_constraint""".split()
+sharding_constraint zeros_like name reshard layout_constraint log2 one_minus_square
+relayout""".split()
 BINARY = """add add_any and atan2 complex div eq ge gt igamma igammac le lt max min mul ne
 nextafter or pow rem shift_left shift_right_arithmetic shift_right_logical sub xor
 polygamma zeta random_gamma_grad mulhi eq_to le_to lt_to igamma_grad_a random_gamma""".split()
 NARY = ["select_n", "clamp", "threefry2x32", "threefry4x32", "philox2x32", "philox4x32",
-        "regularized_incomplete_beta"]
+        "regularized_incomplete_beta", "polynomial"]
 # Elementwise primitives XLA will not compute twice: fused into one consumer only, so a
 # result read by several (a tanh kept for the backward pass) is written to memory. So is a
 # float division; an integer one is cheap.
-EXPENSIVE = frozenset("""exp exp2 expm1 log log1p logistic tanh sqrt rsqrt cbrt pow erf erfc
-erf_inv atan2 acos asin atan acosh asinh atanh cosh sinh lgamma digamma""".split())
+EXPENSIVE = frozenset("""exp exp2 expm1 log log1p log2 logistic tanh sqrt rsqrt cbrt pow erf
+erfc erf_inv atan2 acos asin atan acosh asinh atanh cosh sinh lgamma digamma""".split())
 
 
 def elementwise_einsum(operand_shapes, out_shapes, flops_per_element=1.0,
@@ -47,7 +48,18 @@ def elementwise_einsum(operand_shapes, out_shapes, flops_per_element=1.0,
 def elementwise(node, out_shapes) -> Einsum:
     if node.primitive in ("optimization_barrier", "device_put"):
         return barrier(node, out_shapes)
-    return elementwise_einsum(node.operand_shapes, out_shapes, expensive=is_expensive(node))
+    return elementwise_einsum(node.operand_shapes, out_shapes, flops_per_element(node),
+                              expensive=is_expensive(node))
+
+
+def flops_per_element(node) -> float:
+    """``polynomial(x, a_0, ..., a_N)`` is N multiply-adds by Horner's rule;
+    ``one_minus_square`` is ``(1 + x)(1 - x)``; any other elementwise op counts one."""
+    if node.primitive == "polynomial":
+        return 2.0 * max(len(node.operand_shapes) - 2, 0)
+    if node.primitive == "one_minus_square":
+        return 3.0
+    return 1.0
 
 
 def is_expensive(node) -> bool:

@@ -30,12 +30,13 @@ REPLICATED: dict[str, str] = {
         psum psum_done psum_invariant psum_invariant_start psum_start ragged_all_to_all
         reduce_scatter reduce_scatter_done reduce_scatter_start unreduced_psum
         unreduced_psum_start unreduced_reduce_scatter unreduced_reduce_scatter_start
-        vary_unreduced_cast_p""".split()},
+        vary_unreduced_cast_p vary_unreduced_cast unreduced_pmax unreduced_pmin
+        pbroadcast_dynamic""".split()},
     **{name: CALLBACK for name in
        "debug_callback debug_print inspect_sharding io_callback pure_callback check".split()},
     **{name: TOKEN for name in "after_all create_token dce_sink stage".split()},
     **{name: OPAQUE for name in """composite custom_linear_solve linear_call
-        custom_jvp_call_jaxpr remat_opt eval_jaxpr call_hi_primitive""".split()},
+        custom_jvp_call_jaxpr remat_opt eval_jaxpr""".split()},
     "unreachable": "raises when run; nothing to place",
     "platform_index": "a scalar index chosen by the platform: nothing to split",
     "rng_uniform": "XLA's stateful RNG, which jax.random never emits",
