@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import pathlib
 import re
 import tempfile
@@ -981,9 +982,15 @@ def buffer_bytes(lowered) -> tuple[int, int]:
     lost packing temporaries into one heap. The planner predicts the former."""
     with tempfile.TemporaryDirectory(prefix="xla-dump-") as dump:
         lowered.compile(compiler_options={"xla_dump_to": dump})
-        found = pathlib.Path(dump)
-        live = _LIVE_PEAK.search(_newest(found, "-live-range.txt").read_text())
-        allocated = _ALLOCATED.search(_newest(found, "-memory-usage-report.txt").read_text())
+        return read_buffer_bytes(dump)
+
+
+def read_buffer_bytes(dump: str | os.PathLike) -> tuple[int, int]:
+    """(peak of live bytes, bytes allocated) of the last module XLA compiled with
+    ``xla_dump_to=dump``; see :func:`buffer_bytes`."""
+    found = pathlib.Path(dump)
+    live = _LIVE_PEAK.search(_newest(found, "-live-range.txt").read_text())
+    allocated = _ALLOCATED.search(_newest(found, "-memory-usage-report.txt").read_text())
     return int(live.group(1).replace(" ", "")), int(allocated.group(1))
 
 

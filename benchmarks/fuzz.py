@@ -8,8 +8,10 @@ replayed alone with ``--replay``. The programs run in a worker process on 8 simu
 devices; one that runs past ``--timeout`` seconds is a hang: the worker is killed and a
 fresh one goes on with the next program. Each failure prints its seed, what went wrong and
 a reproducer (the program as Python source, with its arguments, mesh, hardware, pins,
-donation and budget). The summary counts programs, crashes, wrong numerics, hangs and
-clean errors on inputs that have no plan (each with its reason).
+donation and budget). The summary counts programs, crashes, wrong numerics, hangs, plans
+whose compiled memory is over their tight budget, and clean errors on inputs that have no
+plan (each with its reason); and how many programs drew grouped, strided and dilated
+convolutions, their gradients and FFTs, with pins or budgets.
 """
 
 from __future__ import annotations
@@ -39,17 +41,24 @@ def worker(seeds: list[int]) -> None:
     from autoshard.testing import fuzz
     out = sys.stdout
     for seed in seeds:
-        out.write(json.dumps({"start": seed}) + "\n")
-        out.flush()
         case = fuzz.generate(fuzz.RandomDraw(seed))
+        out.write(json.dumps({"start": seed, "features": features(case)}) + "\n")
+        out.flush()
         started = time.perf_counter()
         outcome = fuzz.check(case)
         record = {"seed": seed, "kind": outcome.kind, "detail": outcome.detail,
-                  "seconds": time.perf_counter() - started}
+                  "seconds": time.perf_counter() - started, "features": features(case)}
         if outcome.failed:
             record["reproducer"] = case.reproducer()
         out.write(json.dumps(record) + "\n")
         out.flush()
+
+
+def features(case) -> list[str]:
+    """The kinds of op a program drew, and whether it also has pins or a budget."""
+    extras = (["pinned"] if case.pins else []) + ([f"budget_{case.budget}"] if case.budget
+                                                   else [])
+    return list(case.features) + extras
 
 
 def spawn(seeds: list[int]) -> subprocess.Popen:
@@ -67,12 +76,13 @@ def campaign(seeds: list[int], timeout_s: float, report) -> list[dict]:
         selector = selectors.DefaultSelector()
         selector.register(proc.stdout, selectors.EVENT_READ)
         current, deadline = None, time.monotonic() + 120   # the first program imports jax
+        drawn: list[str] = []   # the current program's features
         while True:
             if not selector.select(timeout=max(0.0, deadline - time.monotonic())):
                 proc.kill()
                 proc.wait()
                 seed = current if current is not None else pending[0]
-                record = {"seed": seed, "kind": "hang",
+                record = {"seed": seed, "kind": "hang", "features": drawn,
                           "detail": f"no result within {timeout_s:g} s" if current is not None
                           else "the worker did not start"}
                 records.append(report(record))
@@ -84,13 +94,14 @@ def campaign(seeds: list[int], timeout_s: float, report) -> list[dict]:
                 if current is None:
                     pending = []
                     break
-                records.append(report({"seed": current, "kind": "crash",
+                records.append(report({"seed": current, "kind": "crash", "features": drawn,
                                        "detail": f"the worker died (exit {proc.returncode})"}))
                 pending = pending[pending.index(current) + 1:]
                 break
             message = json.loads(line)
             if "start" in message:
                 current, deadline = message["start"], time.monotonic() + timeout_s
+                drawn = message["features"]
                 continue
             records.append(report(message))
             current = None
@@ -100,6 +111,9 @@ def campaign(seeds: list[int], timeout_s: float, report) -> list[dict]:
                 break
         selector.close()
     return records
+
+
+FAILURES = ("crash", "wrong", "hang", "over_budget")
 
 
 def printer(verbose: bool, total: int):
@@ -112,7 +126,7 @@ def printer(verbose: bool, total: int):
         if done % 100 == 0 or done == total:
             print(f"[{done}/{total}] " + ", ".join(f"{k} {n}" for k, n in sorted(seen.items())),
                   flush=True)
-        if kind in ("crash", "wrong", "hang"):
+        if kind in FAILURES:
             print(f"\n=== seed {record['seed']}: {kind.upper()}\n{record['detail'].rstrip()}")
             if record.get("reproducer"):
                 print(f"--- reproducer (python benchmarks/fuzz.py --replay {record['seed']}):\n"
@@ -126,20 +140,37 @@ def printer(verbose: bool, total: int):
 
 def summary(records: list[dict], seconds: float) -> str:
     counts = collections.Counter(r["kind"] for r in records)
-    failed = [r["seed"] for r in records if r["kind"] in ("crash", "wrong", "hang")]
+    failed = [r["seed"] for r in records if r["kind"] in FAILURES]
     lines = [f"programs: {len(records)} in {seconds:.0f} s "
              f"({len(records) / max(seconds, 1e-9):.2f} programs/s)",
              f"  ok:            {counts['ok']}",
              f"  crashes:       {counts['crash']}",
              f"  wrong numbers: {counts['wrong']}",
              f"  hangs:         {counts['hang']}",
+             f"  over budget:   {counts['over_budget']} (compiled memory above a tight budget)",
              f"  clean errors on inputs with no plan: {counts['infeasible']} "
              "(each budget below what the arguments need at their most split)",
              f"  budgets refused above that floor: {counts['refused']} (each below what the "
              "unsplit program needs, and below every plan the planner can express)"]
+    lines += feature_lines(records)
     if failed:
         lines.append(f"  failing seeds: {failed}")
     return "\n".join(lines)
+
+
+def feature_lines(records: list[dict]) -> list[str]:
+    """How many programs had each kind of op, alone and with pins or a budget, and how
+    many of those failed."""
+    lines = ["programs with (failed among them):"]
+    for name in ("grouped_conv", "batch_grouped_conv", "strided_conv", "dilated_conv",
+                 "transposed_conv", "conv_grad", "conv", "fft"):
+        having = [r for r in records if name in r.get("features", ())]
+        pinned = sum("pinned" in r["features"] for r in having)
+        budgeted = sum(any(f.startswith("budget_") for f in r["features"]) for r in having)
+        failed = sum(r["kind"] in FAILURES for r in having)
+        lines.append(f"  {name + ':':19} {len(having):5} ({failed} failed); pinned {pinned}, "
+                     f"with a budget {budgeted}")
+    return lines
 
 
 def replay(seed: int) -> None:
@@ -172,7 +203,7 @@ def main(argv=None) -> int:
     seeds = [program_seed(args.seed, i) for i in range(args.programs)]
     records = campaign(seeds, args.timeout, printer(args.verbose, len(seeds)))
     print("\n" + summary(records, time.monotonic() - started))
-    return 1 if any(r["kind"] in ("crash", "wrong", "hang") for r in records) else 0
+    return 1 if any(r["kind"] in FAILURES for r in records) else 0
 
 
 if __name__ == "__main__":
