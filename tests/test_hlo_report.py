@@ -6,6 +6,7 @@ hand-written in the same syntax (mesh_groups, while_nested, empty_groups,
 cpu_all_reduce_not_sliced, and async_gpu in the GPU backend's async style).
 """
 
+import dataclasses
 import json
 import pathlib
 
@@ -252,10 +253,21 @@ def test_column_sharded_matmul_has_no_collectives(mesh8):
     assert report.bytes_accessed == 65536 + 65536 + 16384
     assert report.compute_s == pytest.approx(HW.compute_seconds(2097152, 147456))
     assert report.total_s == report.compute_s
-    # memory: arguments 65536 + 65536, output 16384
+    # memory: arguments 65536 + 65536, output 16384, as XLA's memory analysis says
     assert (report.argument_bytes, report.output_bytes) == (131072, 16384)
-    assert report.memory_bytes == (report.argument_bytes + report.output_bytes
-                                   + report.temp_bytes - report.alias_bytes)
+    assert_memory_is_xlas(report, compiled)
+    # bytes as XLA's own cost analysis counts them
+    assert report.bytes_accessed == compiled.cost_analysis()["bytes accessed"]
+
+
+def assert_memory_is_xlas(report, compiled):
+    """Each memory field, and their total, as ``memory_analysis()`` gives them."""
+    m = compiled.memory_analysis()
+    assert (report.argument_bytes, report.output_bytes, report.temp_bytes,
+            report.alias_bytes) == (m.argument_size_in_bytes, m.output_size_in_bytes,
+                                    m.temp_size_in_bytes, m.alias_size_in_bytes)
+    assert report.memory_bytes == (m.argument_size_in_bytes + m.output_size_in_bytes
+                                   + m.temp_size_in_bytes - m.alias_size_in_bytes)
 
 
 def test_row_sharded_matmul_all_reduces_once(mesh8):
@@ -267,9 +279,15 @@ def test_row_sharded_matmul_all_reduces_once(mesh8):
     assert (ar.kind, ar.num_bytes, ar.group_size, ar.axes, ar.count) == (
         "all-reduce", 64 * 512 * F32, 8, ("x",), 1)
     # 1e-6 + 2 * 7/8 * 131072 / 1e10
-    assert ar.seconds == pytest.approx(LATENCY + 2 * 7 / 8 * 131072 / 1e10)
-    assert report.comm_s == pytest.approx(ar.seconds)
-    assert report.total_s == pytest.approx(report.compute_s + report.comm_s)
+    comm_s = LATENCY + 2 * 7 / 8 * 131072 / 1e10
+    assert ar.seconds == pytest.approx(comm_s)
+    assert report.comm_s == pytest.approx(comm_s)
+    # the one fused dot: x[64,32] and w[32,512] read, the partial f32[64,512] written
+    compute_s = HW.compute_seconds(2 * 64 * 256 * 512 // 8, (64 * 32 + 32 * 512 + 64 * 512) * F32)
+    assert report.compute_s == pytest.approx(compute_s)
+    assert report.total_s == pytest.approx(compute_s + comm_s)
+    assert report.bytes_accessed == compiled.cost_analysis()["bytes accessed"]
+    assert_memory_is_xlas(report, compiled)
 
 
 def test_2x4_mesh_attributes_axes(mesh2x4):
@@ -317,6 +335,12 @@ def test_scan_trip_count_multiplies_collectives_and_flops(mesh8):
     runs = dict(report.compute_s_by_runs)
     assert set(runs) <= {1, 5} and runs[5] > 0
     assert sum(runs.values()) == pytest.approx(report.compute_s)
+    # priced by FLOPs alone (HBM a million times faster), the ops run 5 times are the
+    # loop's dots, 5 x 1048576 flops, and nothing outside the loop computes
+    flops_only = dataclasses.replace(HW, hbm_bandwidth=HW.hbm_bandwidth * 1e6)
+    runs = dict(hlo_report(compiled, flops_only, mesh8).compute_s_by_runs)
+    assert runs[5] == pytest.approx(5 * 2 * 64 * 256 * 32 / HW.flops)
+    assert runs.get(1, 0.0) == pytest.approx(0.0, abs=1e-3 * runs[5])
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
@@ -413,8 +437,11 @@ def test_all_to_all_num_bytes(mesh2x4):
 
 
 def test_partition_ids_follow_mesh_device_order():
-    # a mesh over reversed devices: partition i is mesh.devices.flat[i], coordinates by position
-    devices = np.array(jax.devices()[:8])[::-1].reshape(2, 4)
+    # partition i is mesh.devices.flat[i], its coordinates by position, not by device id.
+    # Over devices [[0, 4, 1, 5], [2, 6, 3, 7]], the groups {0,4},{1,5},... pair positions
+    # (0, j) and (1, j): they differ along data. Read as device ids, devices 0 and 4 sit
+    # side by side along model.
+    devices = np.array(jax.devices()[:8])[[0, 4, 1, 5, 2, 6, 3, 7]].reshape(2, 4)
     mesh = jax.sharding.Mesh(devices, ("data", "model"), axis_types=(AxisType.Auto,) * 2)
     (ar,) = _snippet("explicit_groups.hlo", mesh).collectives
     assert ar.axes == ("data",)
