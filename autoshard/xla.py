@@ -457,31 +457,96 @@ def reduction_waves(graph: Graph, strategies: Sequence[Sequence[Strategy]],
     return wave
 
 
+def combiner_order(graph: Graph) -> list[int]:
+    """Per node, its place in the order XLA's combiner walks a computation: its post
+    order (``HloComputation::MakeInstructionPostOrder``), depth first from the outputs in
+    order, each node after its operands, taken in order. A node no output reads gets -1
+    (XLA drops it)."""
+    place = [-1] * len(graph.nodes)
+    count = 0
+    for out in graph.outputs:
+        if out is None or place[graph.values[out].producer] >= 0:
+            continue
+        stack = [(graph.values[out].producer, False)]
+        while stack:
+            node_id, expanded = stack.pop()
+            if place[node_id] >= 0:
+                continue
+            if expanded:
+                place[node_id] = count
+                count += 1
+                continue
+            stack.append((node_id, True))
+            for v in reversed(graph.nodes[node_id].operands):   # the first taken first
+                if v is not None and place[graph.values[v].producer] < 0:
+                    stack.append((graph.values[v].producer, False))
+    return place
+
+
+def combined_kinds(graph: Graph, strategies: Sequence[Sequence[Strategy]]) -> list[frozenset]:
+    """Per node, the combined collectives (kind, axes) some strategy of it makes."""
+    kinds: dict[int, frozenset] = {}   # identical nodes share their strategies
+    out = []
+    for found in strategies:
+        if id(found) not in kinds:
+            kinds[id(found)] = frozenset(k for s in found for k in s.combined)
+        out.append(kinds[id(found)])
+    return out
+
+
 def trailing_ancestors(graph: Graph, strategies: Sequence[Sequence[Strategy]],
                        trailing: Sequence[bool]) -> list[dict]:
     """Per trailing node, per combined collective (kind, axes): the trailing nodes of its
-    computation before it that may make that collective. XLA's combiner merges like
-    collectives none of which depends on another: an all-reduced input gradient of the
-    first layer and a layer norm's statistic summed from it run as two, however late; the
-    loss's sum over the batch joins the weight gradients, on no collective of its kind."""
+    computation before it that may make that collective and that XLA's combiner may
+    still hold in the combined op it is filling when it reaches the node, so that the
+    node's collective starts another. XLA's combiner merges like collectives none of
+    which depends on another: an all-reduced input gradient of the first layer and a
+    layer norm's statistic summed from it run as two, however late; the loss's sum over
+    the batch joins the weight gradients, on no collective of its kind.
+
+    The combiner walks the computation in post order (``combiner_order``) and fills one
+    op with like collectives until it reaches one that depends on a collective in it;
+    that one starts the next op (``CombineInstructionsByKey``). So each collective that
+    depends on a like one since the last such collective before it costs one op more.
+    A global norm over sharded gradients (``clip_by_global_norm``) reaches each
+    gradient's all-reduce just before the all-reduce of its sum of squares: one op per
+    gradient. A sum that reads every gradient after all of them costs one op more."""
     scopes = [loop_scope(node) for node in graph.nodes]
-    kinds: dict[int, frozenset] = {}   # identical nodes share their strategies
-    before: list[dict] = [{} for _ in graph.nodes]
+    kinds = combined_kinds(graph, strategies)
+    ancestors: list[dict] = [{} for _ in graph.nodes]
     for node in graph.nodes:
         if not trailing[node.id]:
             continue
-        merged = before[node.id]
+        merged = ancestors[node.id]
         for v in node.operands:
             if v is None:
                 continue
             p = graph.values[v].producer
             if not trailing[p] or scopes[p] != scopes[node.id]:
                 continue
-            found = strategies[p]
-            if id(found) not in kinds:
-                kinds[id(found)] = frozenset(k for s in found for k in s.combined)
-            for key, nodes in before[p].items():
+            for key, nodes in ancestors[p].items():
                 merged[key] = merged[key] | nodes if key in merged else nodes
-            for key in kinds[id(found)]:
+            for key in kinds[p]:
                 merged[key] = merged.get(key, frozenset()) | {p}
+    return since_last_dependent(graph, ancestors, kinds, scopes)
+
+
+def since_last_dependent(graph: Graph, ancestors: list[dict], kinds, scopes) -> list[dict]:
+    """``ancestors`` (per node, per combined collective, the like trailing nodes it depends
+    on) kept to those the combiner reaches at or after the last node before it, in its
+    post order, that may make that collective depending on a like one: a node where the
+    combiner may have started another op, which that node opens."""
+    place = combiner_order(graph)
+    last: dict[tuple, int] = {}   # per (collective, computation): the last dependent's place
+    before: list[dict] = [{} for _ in graph.nodes]
+    for node_id in sorted((n for n in range(len(graph.nodes)) if place[n] >= 0),
+                          key=place.__getitem__):
+        for key, nodes in ancestors[node_id].items():
+            if key not in kinds[node_id]:
+                continue
+            since = last.get((key, scopes[node_id]), -1)
+            kept = frozenset(p for p in nodes if place[p] >= since)
+            if kept:
+                before[node_id][key] = kept
+            last[key, scopes[node_id]] = place[node_id]
     return before

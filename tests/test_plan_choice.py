@@ -171,6 +171,46 @@ def test_a_reduction_after_a_trailing_one_pays_its_own_latency(mesh_1d):
     assert plan.cost.comm_s == pytest.approx(report.comm_s, rel=0.05)
 
 
+def gradients_and_their_norm(norm_first: bool):
+    """Three weight gradients (each contracted over the batch, so all-reduced) returned
+    split as the optimizer state is, and the global norm over them, as
+    ``clip_by_global_norm`` reads it: (fn, abstract args, pins)."""
+    def fn(xs, ys):
+        grads = [x.T @ y for x, y in zip(xs, ys)]
+        norm = jnp.sqrt(sum(jnp.sum(g * g) for g in grads))
+        return (norm, grads) if norm_first else (grads, norm)
+    x = jax.ShapeDtypeStruct((4096, 256), jnp.float32)
+    pins = {f"{name}[{k}]": P("data") for name in ("xs", "ys") for k in range(3)}
+    pins.update({f"out[{1 if norm_first else 0}][{k}]": P("data") for k in range(3)})
+    return fn, ([x] * 3, [x] * 3), pins
+
+
+# HBM slow enough that each gradient's sum of squares is taken on its shard, and a latency
+# that tells one combined all-reduce from four
+SLOW_HBM = autoshard.Hardware(flops=4.9e14, hbm_bandwidth=1e10, memory=80e9,
+                              link_bandwidth={"data": 3.6e11}, link_latency=1e-5)
+
+
+@pytest.mark.parametrize("norm_first,ops", [(True, 4), (False, 2)])
+def test_a_global_norm_over_split_gradients_is_priced_as_the_combiner_splits_it(
+        mesh_1d, norm_first, ops):
+    """Each gradient's sum of squares, taken on its shard, is all-reduced after the
+    gradient's own all-reduce. XLA's combiner walks the program in post order and starts
+    another combined op at each all-reduce that depends on one in the op it is filling.
+    Read for the norm first, the program reaches each gradient just before its sum of
+    squares: four ops (the first gradient; each sum of squares with the next gradient; the
+    last sum). Read for the gradients first, it reaches all three gradients, then the three
+    sums: two ops. The plan prices the ops the program compiles to."""
+    fn, args, pins = gradients_and_their_norm(norm_first)
+    plan = autoshard.plan(fn, *args, mesh=mesh_1d, hardware=SLOW_HBM, cache=False,
+                          pins=pins)
+    report = hlo_report(plan.jit().lower(*args).compile(), plan.hardware, mesh_1d)
+    reductions = {c.name for c in report.collectives
+                  if c.kind in ("all-reduce", "reduce-scatter")}
+    assert len(reductions) == ops
+    assert plan.cost.comm_s == pytest.approx(report.comm_s, rel=0.05)
+
+
 def test_a_sum_over_dims_split_on_two_axes_is_two_all_reduces(mesh_2d):
     """XLA reduces a sum over dims split on different mesh axes with one all-reduce per
     dim, each over its own axis (a batch norm's statistics over batch and height); the

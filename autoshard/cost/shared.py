@@ -1,8 +1,8 @@
 """cost.shared: seconds paid once for many choices. A resharded copy of a value that
 several readers want in one spec is made once for all of them (``SharedEdgeCost``), and
 XLA's combiner merges like collectives into one, whose latency is paid once
-(``SharedCost``), or once more for a trailing collective that depends on a like one
-(chained latencies)."""
+(``SharedCost``), and once more for each trailing collective that depends on a like one
+it would otherwise join (chained latencies)."""
 
 from __future__ import annotations
 
@@ -178,9 +178,10 @@ class SharedCopies:
         return np.array([combined in strategies[k].combined for k in self.picks[node_id]])
 
     def build_chained_latencies(self) -> tuple[SharedEdgeCost, ...]:
-        """A trailing collective that depends on a like one (``trailing_ancestors``) runs
-        on its own: one more latency per collective kind, axes and computation, paid if
-        any such pair of nodes makes it."""
+        """A trailing collective that depends on a like one the combiner may still be
+        filling when it reaches it (``trailing_ancestors``) starts another combined op:
+        one more latency per such node, collective kind and axes, paid if the node and
+        any of those makes it."""
         members: dict[tuple, dict] = {}
         before = trailing_ancestors(self.graph, self.space.strategies, self.space.trailing)
         for node in self.graph.nodes:
@@ -191,7 +192,7 @@ class SharedCopies:
                 mine = self.makes(node.id, combined)
                 if not mine.any():
                     continue
-                key = (combined, loop_scope(node), self.hw.link_latency * node.weight)
+                key = (combined, node.id, self.hw.link_latency * node.weight)
                 pairs = members.setdefault(key, {})
                 for p in sorted(ancestors):
                     paid = np.outer(self.makes(p, combined), mine)
