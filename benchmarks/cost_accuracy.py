@@ -11,6 +11,9 @@ resharding between operations counted in the kinds it compiles to), memory.
 
 Run: python benchmarks/cost_accuracy.py [--programs gpt,moe,plain_lm,plain_moe,plain_cnn]
                                         [--meshes 8,2x4,8x2] [--random 20] [--worst 3]
+     python benchmarks/cost_accuracy.py --programs clip   # plain_clip, haiku_clip,
+         # linen_clip, equinox_clip: steps clipped to a global norm (the last three from
+         # autoshard.testing.corpus at its "small" size; pip install -e ".[corpus]")
 """
 
 import argparse
@@ -35,13 +38,43 @@ from autoshard.testing import plain  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from plan_quality import hardware_for, mesh_for  # noqa: E402
 
+class CorpusProgram:
+    """A step from ``autoshard.testing.corpus`` (at its "small" size) as ``measure`` reads
+    a train case: its step over held arguments, its expert layouts as pins, the paths of
+    its arguments' leaves."""
+
+    donate_argnums = ()
+
+    def __init__(self, name: str):
+        from autoshard.testing import corpus
+        corpus.use_size("small")
+        self.case = corpus.build(name)
+        self.train_step = self.case.held_fn
+        self.experts = {e: (lambda mesh, e=e: self.case.expert_in_shardings(mesh, e))
+                        for e in self.case.expert_names()}
+
+    def abstract_args(self) -> tuple:
+        return self.case.abstract_args()
+
+    def leaf_paths(self) -> list[str]:
+        """Each argument leaf's path as ``autoshard.plan`` names the held step's (``*held``)."""
+        return [p for i, arg in enumerate(self.case.abstract_args())
+                for p in experts.leaf_paths(arg, f"args[{i}]")]
+
+
 PROGRAMS = {
     "gpt": lambda: models.train_case("gpt", "small"),
     "moe": lambda: models.train_case("moe", "small"),
     "plain_lm": lambda: plain.lm("small"),
     "plain_moe": lambda: plain.moe("small"),
     "plain_cnn": lambda: plain.cnn("small"),
+    # steps whose optimizer clips the gradients to one global norm before any update
+    "plain_clip": lambda: plain.lm_clipped("small"),
+    "haiku_clip": lambda: CorpusProgram("haiku_clip"),
+    "linen_clip": lambda: CorpusProgram("linen_clip"),
+    "equinox_clip": lambda: CorpusProgram("equinox_clip"),
 }
+GROUPS = {"clip": ("plain_clip", "haiku_clip", "linen_clip", "equinox_clip")}
 
 
 @dataclasses.dataclass
@@ -65,12 +98,14 @@ def random_pins(case, mesh, seed: int, fraction: float = 0.5) -> dict:
     only buffers sharded alike."""
     rng = np.random.default_rng(seed)
     sizes = axis_sizes(mesh)
-    state_paths = experts.leaf_paths(case.state)
-    paths = ([("state" + p, "out[0]" + p if 0 in case.donate_argnums else None)
-              for p in state_paths]
-             + [(p, None) for p in experts.leaf_paths(case.make_batch(0), "batch")])
+    if isinstance(case, CorpusProgram):   # nothing donated
+        paths = [(p, None) for p in case.leaf_paths()]
+    else:
+        paths = ([("state" + p, "out[0]" + p if 0 in case.donate_argnums else None)
+                  for p in experts.leaf_paths(case.state)]
+                 + [(p, None) for p in experts.leaf_paths(case.make_batch(0), "batch")])
     pins = {}
-    for (path, written_to), leaf in zip(paths, jax.tree.leaves(case.args)):
+    for (path, written_to), leaf in zip(paths, jax.tree.leaves(case.abstract_args())):
         if rng.random() < fraction:
             options = list(specs.enumerate_specs(leaf.shape, sizes))
             pins[path] = specs.to_partition_spec(options[rng.integers(len(options))])
@@ -184,14 +219,15 @@ def summarize(rows: list[Measured], worst: int) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--programs", default=",".join(PROGRAMS))
+    parser.add_argument("--programs", default="gpt,moe,plain_lm,plain_moe,plain_cnn",
+                        help=f"comma-separated, from {', '.join(PROGRAMS)}, or clip")
     parser.add_argument("--meshes", default="8,2x4,8x2")
     parser.add_argument("--random", type=int, default=20, help="random pinned plans")
     parser.add_argument("--worst", type=int, default=3, help="offenders named per group")
     args = parser.parse_args(argv)
     print(f"{'program':10} {'mesh':4} {'layout':16} {'pred ms':>9} {'comp ms':>9} {'err':>8}")
     rows = []
-    for program in args.programs.split(","):
+    for program in [p for group in args.programs.split(",") for p in GROUPS.get(group, (group,))]:
         case = PROGRAMS[program]()
         for mesh_name in args.meshes.split(","):
             started = time.perf_counter()

@@ -21,6 +21,8 @@ Run: python benchmarks/plan_quality.py [--cases gpt,moe,resnet,inference,gpt_bud
          # models from the libraries people use (autoshard.testing.corpus; pip install -e
          ".[corpus]"), or a comma list of gpt2, llama, bert, equinox_lm, haiku_lm, keras_lm,
          linen_cnn; "medium" builds them at d_model 512, batch 64 x 128 tokens
+     python benchmarks/plan_quality.py --cases plain_clip,haiku_clip,linen_clip,equinox_clip \
+         --corpus-size small   # steps clipped to a global norm before their optimizer
 """
 
 import argparse
@@ -151,6 +153,10 @@ CASES = {
     "plain_lm": lambda: plain_case("plain_lm"),
     "plain_moe": lambda: plain_case("plain_moe"),
     "plain_cnn": lambda: plain_case("plain_cnn"),
+    # steps whose optimizer clips the gradients to one global norm before any update
+    "plain_clip": lambda: plain_case("plain_lm_clip"),
+    **{name: (lambda name=name: corpus_case(name))
+       for name in ("haiku_clip", "linen_clip", "equinox_clip")},
 }
 GROUPS = {"corpus": CORPUS}
 DEFAULT_CASES = ("gpt", "moe", "resnet", "inference", "gpt_budget", "plain_lm", "plain_moe",
@@ -280,7 +286,7 @@ def main(argv=None) -> int:
                         help=f"comma-separated, from {', '.join(CASES)}, or corpus")
     parser.add_argument("--meshes", default=",".join(MESHES))
     parser.add_argument("--json", default=None, help="write every row to this file")
-    parser.add_argument("--corpus-size", default="tiny", choices=("tiny", "medium"),
+    parser.add_argument("--corpus-size", default="tiny", choices=("tiny", "small", "medium"),
                         help="size of the corpus models (autoshard.testing.corpus.SIZES)")
     args = parser.parse_args(argv)
     if args.corpus_size != "tiny":

@@ -2,7 +2,8 @@
 
 The argument-handling tests (an equinox module passed whole) are fast; the corpus tests
 (``autoshard.testing.corpus``: transformers GPT-2, Llama and BERT, an equinox LM, haiku's
-example transformer, a keras 3 LM, a flax linen CNN) are slow: each plans the library's
+example transformer, a keras 3 LM, a flax linen CNN, and haiku, linen and equinox LMs
+whose optimizer clips to a global norm) are slow: each plans the library's
 own train step on 8 and 2x4 devices, checks one step against the unsharded step on one
 device, and prices the compiled plan against data parallel, FSDP and Megatron.
 """
@@ -126,7 +127,10 @@ CASE_NAMES = tuple(corpus.CASES)
 MESHES = {"8": ((8,), ("data",)), "2x4": ((2, 4), ("data", "model"))}
 LIBRARIES = {"gpt2": "transformers", "llama": "transformers", "bert": "transformers",
              "equinox_lm": "equinox", "haiku_lm": "haiku", "keras_lm": "keras",
-             "linen_cnn": "flax"}
+             "linen_cnn": "flax", "haiku_clip": "haiku", "linen_clip": "flax",
+             "equinox_clip": "equinox"}
+# steps whose optimizer reads every gradient for one global norm before any update
+CLIPPED = ("haiku_clip", "linen_clip", "equinox_clip")
 
 
 @functools.lru_cache(maxsize=None)
@@ -196,3 +200,15 @@ def test_corpus_plan_no_worse_than_best_expert(name, mesh_name):
     best = min(hlo_report(case.compile_expert(mesh, e), plan.hardware, mesh).total_s
                for e in case.expert_names())
     assert auto <= best, f"auto {auto * 1e6:.2f} us > best expert {best * 1e6:.2f} us"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh_name", MESHES)
+@pytest.mark.parametrize("name", CLIPPED)
+def test_corpus_global_norm_steps_price_the_collectives_they_compile_to(name, mesh_name):
+    """clip_by_global_norm reads every gradient before any update: where a gradient is
+    split, its sum of squares is all-reduced after the gradient's own all-reduce, and XLA's
+    combiner starts another op there. The plan prices the ops it compiles to."""
+    plan = _plan(name, mesh_name)
+    compiled = hlo_report(_compiled(name, mesh_name), plan.hardware, _mesh(mesh_name))
+    assert plan.cost.comm_s == pytest.approx(compiled.comm_s, rel=0.15)

@@ -13,7 +13,11 @@ on the argument paths ``autoshard.plan`` prints):
   params, opt_state and rng);
 - ``keras_lm``: a keras 3 model on JAX trained with ``model.stateless_call`` and keras's
   own AdamW ``stateless_apply``;
-- ``linen_cnn``: a flax linen CNN with batch norm, max-pooling and dropout.
+- ``linen_cnn``: a flax linen CNN with batch norm, max-pooling and dropout;
+- ``haiku_clip``, ``linen_clip``, ``equinox_clip``: haiku's example transformer (with its
+  one-hot loss), a flax linen transformer LM and the equinox LM, each stepped with
+  ``optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(...))``: one global norm
+  read over every gradient before any update.
 
 Example::
 
@@ -28,6 +32,7 @@ The packages come with ``pip install -e ".[corpus]"``; ``keras_lm`` needs
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 from typing import Any, Callable
@@ -46,8 +51,10 @@ SEQ = 16
 VOCAB = 256
 D_MODEL = 64
 # (d_model, batch, seq, vocab) per size: "tiny" for the tests, where one collective's
-# latency outweighs the work it would split; "medium", where splitting pays
-SIZES = {"tiny": (64, 8, 16, 256), "medium": (512, 64, 128, 4096)}
+# latency outweighs the work it would split; "small", haiku's example transformer at
+# d_model 256 over batches of 8 x 128 tokens; "medium", where splitting pays
+SIZES = {"tiny": (64, 8, 16, 256), "small": (256, 8, 128, 1024),
+         "medium": (512, 64, 128, 4096)}
 
 
 def use_size(size: str) -> None:
@@ -312,11 +319,11 @@ def _equinox_model(key):
     return LM(key)
 
 
-def _equinox_step(model, opt_state, tokens, key):
+def _equinox_step(model, opt_state, tokens, key, make_optimizer=None):
     """The equinox way: filter_value_and_grad over the whole module, vmap over the batch,
-    optax adamw on the module's arrays, apply_updates."""
+    optax adamw (or ``make_optimizer()``) on the module's arrays, apply_updates."""
     import equinox as eqx
-    optimizer = _equinox_optimizer()
+    optimizer = (make_optimizer or _equinox_optimizer)()
 
     def loss_fn(model, tokens, key):
         keys = jax.random.split(key, tokens.shape[0])
@@ -335,16 +342,23 @@ def _equinox_optimizer():
     return optax.adamw(LEARNING_RATE, weight_decay=0.01)
 
 
-def equinox_lm() -> CorpusCase:
+def equinox_lm(name: str = "equinox_lm", make_optimizer=None) -> CorpusCase:
     import equinox as eqx
     model = _equinox_model(jax.random.PRNGKey(0))
-    opt_state = _equinox_optimizer().init(eqx.filter(model, eqx.is_array))
+    opt_state = (make_optimizer or _equinox_optimizer)().init(eqx.filter(model, eqx.is_array))
     rules = ((r"\.(query_proj|key_proj|value_proj|up)\.weight", ROW),   # (out, in) weights
              (r"\.(output_proj|down)\.weight", COLUMN),
              (r"\.up\.bias", P(MODEL)), (r"\.embed\.weight", ROW))
-    return CorpusCase("equinox_lm", "equinox", _equinox_step,
+    step = (_equinox_step if make_optimizer is None
+            else functools.partial(_equinox_step, make_optimizer=make_optimizer))
+    return CorpusCase(name, "equinox", step,
                       (model, opt_state, _lm_batch(), jax.random.PRNGKey(1)),
                       ("model", "opt_state", "tokens", "key"), (2,), rules, {1: 0, 2: 1})
+
+
+def equinox_clip() -> CorpusCase:
+    """The equinox LM stepped with gradients clipped to a global norm before adamw."""
+    return equinox_lm("equinox_clip", _clipped_adamw)
 
 
 # -------------------------------------------------------------------------------- haiku
@@ -377,16 +391,17 @@ def _haiku_forward():
     return hk.transform(forward)
 
 
-def _haiku_step(state, tokens):
+def _haiku_step(state, tokens, make_optimizer=None, loss=None):
     """haiku's examples/transformer/train.py update: loss_fn(params, rng, data), value_and
-    _grad, optax, a new TrainingState with the next rng."""
+    _grad, optax (adamw, or ``make_optimizer()``), a new TrainingState with the next rng.
+    ``loss(logits, tokens)``: next-token cross entropy unless given."""
     import optax
     forward = _haiku_forward()
-    optimizer = optax.adamw(LEARNING_RATE, weight_decay=0.01)
+    optimizer = (make_optimizer or (lambda: optax.adamw(LEARNING_RATE, weight_decay=0.01)))()
 
     def loss_fn(params, rng, tokens):
         logits = forward.apply(params, rng, tokens, is_training=True)
-        return _next_token_loss(logits, tokens)
+        return (loss or _next_token_loss)(logits, tokens)
 
     rng, new_rng = jax.random.split(state["rng"])
     loss, grads = jax.value_and_grad(loss_fn)(state["params"], rng, tokens)
@@ -411,6 +426,24 @@ def haiku_lm() -> CorpusCase:
     return CorpusCase("haiku_lm", "haiku", _haiku_step, (state, tokens), ("state", "tokens"),
                       (1,), rules, {0: 0},
                       zero_gradient_outputs=(r"_attn/key'\]\['b'\]",))
+
+
+def _one_hot_loss(logits, tokens):
+    """haiku's examples/transformer loss: one-hot next-token targets against log_softmax,
+    the log likelihood averaged over the tokens that are not padding (id 0)."""
+    targets = jax.nn.one_hot(tokens[:, 1:], VOCAB)
+    log_likelihood = jnp.sum(targets * jax.nn.log_softmax(logits[:, :-1]), axis=-1)
+    mask = jnp.greater(tokens[:, :-1], 0)
+    return -jnp.sum(log_likelihood * mask) / jnp.sum(mask)
+
+
+def haiku_clip() -> CorpusCase:
+    """haiku's example transformer trained as its example trains it: one-hot cross
+    entropy, gradients clipped to a global norm before the optimizer (adamw here)."""
+    step = functools.partial(_haiku_step, make_optimizer=_clipped_adamw, loss=_one_hot_loss)
+    case = haiku_lm()
+    state = dict(case.args[0], opt_state=_clipped_adamw().init(case.args[0]["params"]))
+    return dataclasses.replace(case, name="haiku_clip", fn=step, args=(state, case.args[1]))
 
 
 # -------------------------------------------------------------------------------- keras
@@ -493,7 +526,81 @@ def keras_lm() -> CorpusCase:
                       (1,), _keras_rules(model, optimizer), {1: 0})
 
 
+# ------------------------------------------------------------ clipped by the global norm
+
+
+def _clipped_adamw():
+    """The optimizer most optax train steps chain: gradients scaled down to a global norm
+    of at most 1 (one norm read over every gradient before any update), then adamw."""
+    import optax
+    return optax.chain(optax.clip_by_global_norm(1.0),
+                       optax.adamw(LEARNING_RATE, weight_decay=0.01))
+
+
 # --------------------------------------------------------------------------- flax linen
+
+
+def _linen_lm():
+    import flax.linen as nn
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x, mask, train: bool):
+            h = nn.LayerNorm()(x)
+            h = nn.MultiHeadDotProductAttention(HEADS, dropout_rate=DROPOUT,
+                                                deterministic=not train)(h, h, mask=mask)
+            x = x + nn.Dropout(DROPOUT, deterministic=not train)(h)
+            h = nn.Dense(4 * D_MODEL)(nn.LayerNorm()(x))
+            h = nn.Dense(D_MODEL)(nn.gelu(h))
+            return x + nn.Dropout(DROPOUT, deterministic=not train)(h)
+
+    class LM(nn.Module):
+        @nn.compact
+        def __call__(self, tokens, train: bool):
+            x = nn.Embed(VOCAB, D_MODEL)(tokens)
+            x = x + self.param("pos", nn.initializers.normal(0.02), (SEQ, D_MODEL))
+            mask = nn.make_causal_mask(tokens)
+            for _ in range(LAYERS):
+                x = Block()(x, mask, train)
+            return nn.Dense(VOCAB)(nn.LayerNorm()(x))
+
+    return LM()
+
+
+def _linen_lm_step(state, tokens):
+    """The flax docs' train step: a dropout rng folded from the step, value_and_grad of
+    the loss, apply_gradients through TrainState (whose tx clips, then adamw)."""
+    dropout_key = jax.random.fold_in(state.key, state.step)
+
+    def loss_fn(params):
+        logits = state.apply_fn({"params": params}, tokens, train=True,
+                                rngs={"dropout": dropout_key})
+        return _next_token_loss(logits, tokens)
+
+    loss, grads = jax.value_and_grad(loss_fn)(state.params)
+    return state.apply_gradients(grads=grads), loss
+
+
+def linen_clip() -> CorpusCase:
+    """A flax linen transformer LM stepped with optax.chain(clip_by_global_norm, adamw)."""
+    from flax.training import train_state
+
+    class TrainState(train_state.TrainState):
+        key: jax.Array
+
+    model, tokens = _linen_lm(), _lm_batch()
+    variables = model.init(jax.random.PRNGKey(0), tokens, train=False)
+    state = TrainState.create(apply_fn=model.apply, params=variables["params"],
+                              tx=_clipped_adamw(), key=jax.random.PRNGKey(1))
+    rules = ((r"\['(query|key|value)'\]\['kernel'\]", P(None, MODEL, None)),
+             (r"\['(query|key|value)'\]\['bias'\]", P(MODEL, None)),
+             (r"\['out'\]\['kernel'\]", P(MODEL, None, None)),
+             (r"\['Dense_0'\]\['kernel'\]", COLUMN), (r"\['Dense_0'\]\['bias'\]", P(MODEL)),
+             (r"\['Dense_1'\]\['kernel'\]", ROW), (r"\['Embed_0'\]\['embedding'\]", ROW))
+    return CorpusCase("linen_clip", "flax.linen", _linen_lm_step, (state, tokens),
+                      ("state", "tokens"), (1,), rules, {0: 0},
+                      zero_gradient_outputs=(r"\['key'\]\['bias'\]",))
+
 
 
 def _linen_cnn():
@@ -562,6 +669,8 @@ def linen_cnn() -> CorpusCase:
 CASES: dict[str, Callable[[], CorpusCase]] = {
     "gpt2": gpt2, "llama": llama, "bert": bert, "equinox_lm": equinox_lm,
     "haiku_lm": haiku_lm, "keras_lm": keras_lm, "linen_cnn": linen_cnn,
+    # steps whose optimizer clips the gradients to a global norm first
+    "haiku_clip": haiku_clip, "linen_clip": linen_clip, "equinox_clip": equinox_clip,
 }
 
 

@@ -28,7 +28,8 @@ from jax.sharding import PartitionSpec as P
 from autoshard import experts as ex
 from autoshard.models.case import TrainCase
 
-__all__ = ["CASES", "adam", "cnn", "lm", "moe", "train_case"]
+__all__ = ["CASES", "adam", "clip_by_global_norm", "cnn", "lm", "lm_clipped", "moe",
+           "train_case"]
 
 
 # --------------------------------------------------------------------------- pieces
@@ -66,10 +67,22 @@ def attention(p, x, heads):
     return out @ p["wo"]
 
 
-def make_train_step(loss_fn: Callable) -> Callable:
+def clip_by_global_norm(grads, max_norm: float = 1.0):
+    """The gradients scaled down to a global norm of at most ``max_norm``: one norm over
+    every leaf, read before any update."""
+    norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
+    scale = jnp.minimum(1.0, max_norm / (norm + 1e-6))
+    return jax.tree.map(lambda g: g * scale, grads)
+
+
+def make_train_step(loss_fn: Callable, clip_norm: float | None = None) -> Callable:
+    """``train_step(state, batch)``: the loss's gradients, clipped to a global norm of
+    ``clip_norm`` if given, then Adam."""
     def train_step(state, batch):
         loss, grads = jax.value_and_grad(loss_fn)(state["params"], batch)
         grads = ex.constrain_gradients(grads)
+        if clip_norm is not None:
+            grads = clip_by_global_norm(grads, clip_norm)
         params, opt_state = adam(state["params"], grads, state["opt_state"], state["step"])
         return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, loss
     return train_step
@@ -221,6 +234,16 @@ def lm(size: str = "tiny", seed: int = 0, config: LMConfig | None = None) -> Tra
                  atol=2e-5)
 
 
+def lm_clipped(size: str = "tiny", seed: int = 0, config: LMConfig | None = None
+               ) -> TrainCase:
+    """The LM with its gradients clipped to a global norm of 1 before Adam."""
+    cfg = config or LM_SIZES[size]
+    return _case("plain_lm_clip", size, make_train_step(lm_loss(cfg), clip_norm=1.0),
+                 _lm_params(cfg, seed), _token_batch(cfg),
+                 lambda state, batch: ex.standard_experts(state, batch, LM_TP_RULES),
+                 atol=2e-5)
+
+
 def moe(size: str = "tiny", seed: int = 0, config: LMConfig | None = None) -> TrainCase:
     """The LM with every block's MLP a top-1 routed mixture of experts."""
     cfg = config or MOE_SIZES[size]
@@ -289,8 +312,8 @@ def cnn(size: str = "tiny", seed: int = 0, config: CNNConfig | None = None) -> T
                  atol=2e-5)
 
 
-CASES: dict[str, Callable[..., TrainCase]] = {"plain_lm": lm, "plain_moe": moe,
-                                               "plain_cnn": cnn}
+CASES: dict[str, Callable[..., TrainCase]] = {"plain_lm": lm, "plain_lm_clip": lm_clipped,
+                                               "plain_moe": moe, "plain_cnn": cnn}
 
 
 def train_case(name: str, size: str = "tiny", seed: int = 0) -> TrainCase:
