@@ -148,6 +148,28 @@ def kept_apart(eqn, decision: Decision) -> bool:
                                     for axes in spec)
 
 
+def fft_copy_axis(eqn, decision: Decision, mesh: Mesh) -> int | None:
+    """The dim along which an FFT's result is copied on XLA:CPU; None for other equations.
+
+    XLA:CPU's layout assignment gives an FFT's operand the layout of its result, which
+    readers far downstream choose (an all-gather of a middle dim makes that dim the major
+    one), and its FFT thunk runs only the default layout (a RET_CHECK fails otherwise).
+    An identity gather of the result cuts that chain: XLA copies the result into the
+    layout its readers want, after the FFT. It gathers along the first dim the result's
+    spec leaves whole, so that it moves nothing between devices (the transformed last
+    dim is always whole)."""
+    if eqn.primitive.name != "fft" or mesh.devices.flat[0].platform != "cpu":
+        return None
+    spec = decision.out_specs[0] if decision.out_specs else None
+    return next(d for d in range(eqn.outvars[0].aval.ndim) if not (spec and spec[d]))
+
+
+def identity_gather(x, axis: int):
+    """``x`` read through a gather of every index along ``axis`` (``fft_copy_axis``)."""
+    return jax.numpy.take(x, jax.numpy.arange(x.shape[axis]), axis=axis, mode="clip",
+                          unique_indices=True, indices_are_sorted=True)
+
+
 class Rewriter:
     def __init__(self, decisions: Mapping[tuple, Decision], mesh: Mesh):
         self.decisions = decisions
@@ -181,6 +203,9 @@ class Rewriter:
         outs = ik.bind(eqn, ins)
         if kept_apart(eqn, decision):
             outs = list(lax.optimization_barrier(outs))
+        axis = fft_copy_axis(eqn, decision, self.mesh)
+        if axis is not None:
+            outs = [identity_gather(outs[0], axis)]
         return self.constrain_all(outs, decision.out_specs)
 
     def seam(self, key, x, which="out"):
@@ -323,6 +348,11 @@ class JaxprWriter:
         self.eqns.append(eqn.replace(invars=list(ins), outvars=outs))
         if kept_apart(eqn, decision):
             outs = self.barrier(outs)
+        axis = fft_copy_axis(eqn, decision, self.mesh)
+        if axis is not None:
+            outs = self.emit(self.template(("identity_gather", axis), [outs[0].aval],
+                                           jax.jit(functools.partial(identity_gather,
+                                                                     axis=axis))), outs)
         return self.constrain_all(outs, decision.out_specs)
 
     decision = Rewriter.decision

@@ -26,6 +26,29 @@ if TYPE_CHECKING:
     from autoshard.strategies import Strategy
 
 
+# -- what XLA's partitioner splits -------------------------------------------------------
+
+@functools.cache
+def partitions_fft() -> bool:
+    """Whether XLA's partitioner computes an FFT on each device's block of its batch dims.
+
+    Older XLA (jax 0.10's) gathers an FFT's operand and computes it whole, whatever its
+    sharding; where it gathers a split of a middle dim, XLA:CPU's layout assignment may
+    hand the FFT a layout it refuses to run (a RET_CHECK in its FFT thunk). Newer XLA
+    keeps the batch dims split. Read from a two-device rfft compiled on this process's
+    CPUs; False where it has one CPU device (an FFT kept whole is right on either)."""
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    devices = jax.devices("cpu")[:2]
+    if len(devices) < 2:
+        return False
+    split = NamedSharding(Mesh(np.array(devices), ("batch",)), PartitionSpec("batch"))
+    rfft = jax.jit(jax.numpy.fft.rfft, in_shardings=split, out_shardings=split)
+    text = rfft.lower(jax.ShapeDtypeStruct((2, 8), np.float32)).compile().as_text()
+    return "c64[1,5]" in text and "c64[2,5]" not in text
+
+
 # -- the width a backend moves and stores narrow floats at -----------------------------
 
 def widening(dtype, itemsize: int) -> float:

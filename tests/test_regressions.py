@@ -219,3 +219,43 @@ def test_batch_grouped_conv_splits_its_contraction_only_over_every_axis(mesh_2d)
         for s in contracted:
             used = {a for spec in s.in_specs for dim in spec for a in dim}
             assert used == {"data", "model"}, s.name
+
+
+FFT_PROGRAMS = {
+    "rfft": ((6, 8, 5), np.float32, lambda x: jnp.abs(jnp.fft.rfft(x))),
+    "fft": ((8, 8, 8), np.complex64, lambda x: jnp.abs(jnp.fft.fft(x))),
+    "fft_of_rows": ((8, 16), np.complex64, lambda x: jnp.abs(jnp.fft.fft(x)) * 2.0),
+    "fft2": ((4, 8, 8), np.complex64, lambda x: jnp.abs(jnp.fft.fft2(x))),
+    "irfft": ((8, 4, 5), np.complex64, lambda x: jnp.fft.irfft(x) + 1.0),
+}
+
+
+def pinned_out_specs(shape, mesh):
+    """Every spec of ``shape`` that splits some dim and divides it on ``mesh``."""
+    import itertools
+    for spec in itertools.product([None, *mesh.axis_names], repeat=len(shape)):
+        used = [a for a in spec if a]
+        if used and len(used) == len(set(used)) and not any(
+                a and shape[i] % mesh.shape[a] for i, a in enumerate(spec)):
+            yield spec
+
+
+@pytest.mark.parametrize("name", sorted(FFT_PROGRAMS))
+def test_fft_runs_whatever_its_readers_split(name):
+    """XLA:CPU gives an FFT's operand its result's layout, which the readers' all-gathers
+    choose, and its FFT thunk refuses any but the default one: ``abs(rfft(x))`` with the
+    output pinned to P('model') on 4x2 stopped at a RET_CHECK. Every output pin runs and
+    matches one device."""
+    from jax.sharding import PartitionSpec as P
+    mesh = autoshard.make_mesh((4, 2), ("data", "model"))
+    shape, dtype, fn = FFT_PROGRAMS[name]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype(dtype)
+    if dtype == np.complex64:
+        x = x + 1j * rng.standard_normal(shape).astype(np.float32)
+    expected = np.asarray(jax.jit(fn)(x))
+    for spec in pinned_out_specs(expected.shape, mesh):
+        plan = autoshard.plan(fn, x, mesh=mesh, hardware=CHEAP_LINKS, pins={"out": P(*spec)},
+                              cache=False, progress=False)
+        np.testing.assert_allclose(np.asarray(plan.jit()(x)), expected, rtol=1e-4, atol=1e-4,
+                                   err_msg=f"out pinned to {spec}")

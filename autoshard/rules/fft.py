@@ -1,10 +1,12 @@
-"""The fft family: the transformed (trailing) dims stay whole, the others split."""
+"""The fft family: the transformed (trailing) dims stay whole; the others split where
+XLA's partitioner splits an FFT (``xla.partitions_fft``), else the FFT is computed whole."""
 
 from __future__ import annotations
 
 import math
 
 from autoshard.rules import Einsum, LabelMaker, register
+from autoshard.xla import partitions_fft
 
 
 @register("fft")
@@ -15,7 +17,8 @@ def fft(node, out_shapes) -> Einsum:
     lengths = node.params["fft_lengths"]
     batch = len(shape) - len(lengths)
     labels = LabelMaker()
-    term = tuple(labels.new(d) if i < batch else None for i, d in enumerate(shape))
+    split = partitions_fft()
+    term = tuple(labels.new(d) if i < batch and split else None for i, d in enumerate(shape))
     points = math.prod(lengths)
     transforms = math.prod(shape[:batch])
     flops = 5.0 * transforms * points * max(1.0, math.log2(max(points, 2)))
