@@ -33,9 +33,11 @@ from autoshard.viz import CompareView, WhatIfView, is_sharding_leaf
 MESH_SHAPES_8 = ((1, 8), (2, 4), (4, 2), (8, 1))
 
 
-def compile_report(fn: Callable, args: Sequence, candidate, mesh: Mesh | None, hardware):
-    """(compiled Report, predicted seconds or None) of a candidate: a Plan, an
-    in_shardings pytree, a ``jax.stages.Compiled`` or an ``autoshard.hlo_report.Report``."""
+def compile_report(fn: Callable, args: Sequence, candidate, mesh: Mesh | None, hardware,
+                   name: str = "candidate"):
+    """(compiled Report, predicted seconds or None) of a candidate (called ``name``): a
+    Plan, an in_shardings pytree, a ``jax.stages.Compiled`` or an
+    ``autoshard.hlo_report.Report``."""
     if isinstance(candidate, Plan):
         return candidate.report(*args).compiled, candidate.cost.total_s
     if isinstance(candidate, Report):
@@ -48,13 +50,29 @@ def compile_report(fn: Callable, args: Sequence, candidate, mesh: Mesh | None, h
         if not leaves:
             raise PlanError("compare: in_shardings of PartitionSpecs need mesh=")
         mesh = leaves[0].mesh
-    shardings = jax.tree.map(lambda s: NamedSharding(mesh, s) if isinstance(s, PartitionSpec)
-                             else s, candidate, is_leaf=is_sharding_leaf)
+    shardings = shardings_on(mesh, candidate, name)
     try:
         compiled = jax.jit(fn, in_shardings=shardings).lower(*args).compile()
     except (ValueError, TypeError) as e:
         raise PlanError(f"compare: in_shardings do not fit the arguments: {e}") from None
     return hlo_report(compiled, hardware, mesh), None
+
+
+def shardings_on(mesh: Mesh, candidate, name: str):
+    """A candidate's in_shardings with each PartitionSpec made a NamedSharding on ``mesh``,
+    after checking that every axis it names is one of the mesh's."""
+    def on_mesh(path, s):
+        if not isinstance(s, PartitionSpec):
+            return s
+        for entry in s:
+            for axis in entry if isinstance(entry, tuple) else (entry,):
+                if isinstance(axis, str) and axis not in mesh.axis_names:
+                    raise PlanError(
+                        f"compare: candidate {name!r} in_shardings"
+                        f"{jax.tree_util.keystr(path)} = {s} names mesh axis {axis!r}, which "
+                        f"the mesh does not have (axes: {list(mesh.axis_names)})")
+        return NamedSharding(mesh, s)
+    return jax.tree_util.tree_map_with_path(on_mesh, candidate, is_leaf=is_sharding_leaf)
 
 
 def compare(fn: Callable, *args, candidates: Mapping[str, Any], mesh: Mesh | None = None,
@@ -84,7 +102,7 @@ def compare(fn: Callable, *args, candidates: Mapping[str, Any], mesh: Mesh | Non
         mesh = plans[0].mesh
     reports, predicted = {}, {}
     for name, candidate in candidates.items():
-        reports[name], pred = compile_report(fn, args, candidate, mesh, hw)
+        reports[name], pred = compile_report(fn, args, candidate, mesh, hw, name)
         if pred is not None:
             predicted[name] = pred
     budget = plans[0].memory_budget if plans else None

@@ -8,6 +8,7 @@ inserts (keyed by equation path), the predicted cost and, per argument, why its 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import hashlib
@@ -29,7 +30,7 @@ from autoshard.hardware import Hardware
 from autoshard.jax_compat import Literal, is_jaxpr, split_closed
 from autoshard.request import Evaluation
 from autoshard.specs import Spec
-from autoshard.trace import static_as_none
+from autoshard.trace import argument_names, static_as_none
 from autoshard.units import axis_sizes, format_bytes
 
 if TYPE_CHECKING:
@@ -360,7 +361,9 @@ class Plan:
         def flat_fn(*flat):
             out = fn(*release_static_leaves(jax.tree_util.tree_unflatten(in_tree, flat)))
             return hold_static_leaves(out)
-        with validate.tracing(fn), microbatching(self.microbatching, mesh=self.mesh):
+        names = argument_names(fn, len(args))
+        with validate.tracing(fn, dict(zip(names, args))), microbatching(self.microbatching,
+                                                                         mesh=self.mesh):
             closed, out_shapes = jax.make_jaxpr(flat_fn, return_shape=True)(*leaves)
         found = program_fingerprint(closed, leaves)
         if found != self.fingerprint:
@@ -495,37 +498,28 @@ class Plan:
 
     @classmethod
     def _from_dict(cls, d: Mapping, mesh: Mesh) -> "Plan":
-        for a in d["arguments"]:
-            validate.spec_axes(f"plan argument {a['path']}", a["spec"], mesh.axis_names)
-        for k, spec in enumerate(d["outputs"]):
-            validate.spec_axes(f"plan output {k}", spec, mesh.axis_names)
-        for x in d["decisions"]:
-            for spec in list(x["in"]) + list(x["out"]):
-                validate.spec_axes(f"plan decision at {x['key']}", spec, mesh.axis_names)
-        hw = d["hardware"]
-        plan_ = cls(
-            mesh=mesh, hardware=Hardware.from_dict(hw),
-            arguments=[ArgumentInfo(a["path"], tuple(a["shape"]), a["dtype"],
-                                    spec_from_json(a["spec"]),
-                                    tuple((spec_from_json(s), x) for s, x in a["alternatives"]))
-                       for a in d["arguments"]],
-            out_specs=[spec_from_json(s) for s in d["outputs"]],
-            decisions={tuple(x["key"]): Decision(tuple(spec_from_json(s) for s in x["in"]),
-                                                  tuple(spec_from_json(s) for s in x["out"]))
-                       for x in d["decisions"]},
-            cost=PlanCost(**d["cost"]), fingerprint=d["fingerprint"],
-            memory_budget=d["memory_budget"], donate_argnums=tuple(d["donate_argnums"]),
-            solver=d.get("solver"),
-            breakdown=[CostItem.from_dict(x) for x in d.get("breakdown", ())],
-            memory_parts=d.get("memory_parts"))
+        with json_field("arguments"):
+            arguments = [argument_from_json(k, a, mesh) for k, a in enumerate(d["arguments"])]
+        with json_field("outputs"):
+            out_specs = [output_spec_from_json(k, s, mesh) for k, s in enumerate(d["outputs"])]
+        with json_field("decisions"):
+            decisions = dict(decision_from_json(x, mesh) for x in d["decisions"])
+        with json_field("hardware"):
+            hardware = Hardware.from_dict(d["hardware"])
+        with json_field("cost"):
+            cost = PlanCost(**d["cost"])
+        with json_field("donate_argnums"):
+            donate_argnums = tuple(int(k) for k in d["donate_argnums"])
+        with json_field("breakdown"):
+            breakdown = [CostItem.from_dict(x) for x in d.get("breakdown", ())]
+        plan_ = cls(mesh=mesh, hardware=hardware, arguments=arguments, out_specs=out_specs,
+                    decisions=decisions, cost=cost, fingerprint=d["fingerprint"],
+                    memory_budget=d["memory_budget"], donate_argnums=donate_argnums,
+                    solver=d.get("solver"), breakdown=breakdown,
+                    memory_parts=d.get("memory_parts"))
         if d.get("microbatching"):
-            from autoshard.accumulate import Microbatching
-            from autoshard.pipeline import Pipelining
-            m = d["microbatching"]
-            staged = Pipelining(**{**m["pipeline"], "replica_axes": tuple(
-                m["pipeline"].get("replica_axes", ()))}) if m.get("pipeline") else None
-            plan_.microbatching = Microbatching(m["microbatches"], tuple(m["replica_axes"]),
-                                                m["replicas"], staged, m.get("remat"))
+            with json_field("microbatching"):
+                plan_.microbatching = microbatching_from_json(d["microbatching"])
         return plan_
 
     def __repr__(self) -> str:
@@ -533,6 +527,54 @@ class Plan:
         return (f"Plan({len(self.arguments)} arguments, mesh "
                 f"{dict(zip(self.mesh.axis_names, self.mesh.devices.shape))}, predicted "
                 f"{c.total_s * 1e3:.3f} ms/step, {format_bytes(c.memory_bytes)}/device)")
+
+
+@contextlib.contextmanager
+def json_field(name: str):
+    """Names the field of a plan's JSON being read in any error reading it raises."""
+    try:
+        yield
+    except AutoshardError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise PlanError(f"plan JSON field {name!r} is malformed: {type(e).__name__} {e}"
+                        ) from None
+
+
+def argument_from_json(k: int, a: Mapping, mesh: Mesh) -> ArgumentInfo:
+    """Argument ``k`` of a plan's JSON, its path, shape and dtype checked for type."""
+    with json_field(f"arguments[{k}]"):
+        if not isinstance(a["path"], str):
+            raise TypeError(f"path {a['path']!r} is not a string")
+        if not all(isinstance(n, int) and n >= 0 for n in a["shape"]):
+            raise TypeError(f"shape {a['shape']!r} is not a list of sizes")
+        if not isinstance(a["dtype"], str):
+            raise TypeError(f"dtype {a['dtype']!r} is not a string")
+        validate.spec_axes(f"plan argument {a['path']}", a["spec"], mesh.axis_names)
+        return ArgumentInfo(a["path"], tuple(a["shape"]), a["dtype"], spec_from_json(a["spec"]),
+                            tuple((spec_from_json(s), x) for s, x in a["alternatives"]))
+
+
+def output_spec_from_json(k: int, spec, mesh: Mesh) -> Spec:
+    validate.spec_axes(f"plan output {k}", spec, mesh.axis_names)
+    return spec_from_json(spec)
+
+
+def decision_from_json(x: Mapping, mesh: Mesh) -> tuple[tuple, Decision]:
+    """One decision of a plan's JSON: (its key, its specs)."""
+    for spec in list(x["in"]) + list(x["out"]):
+        validate.spec_axes(f"plan decision at {x['key']}", spec, mesh.axis_names)
+    return tuple(x["key"]), Decision(tuple(spec_from_json(s) for s in x["in"]),
+                                     tuple(spec_from_json(s) for s in x["out"]))
+
+
+def microbatching_from_json(m: Mapping):
+    from autoshard.accumulate import Microbatching
+    from autoshard.pipeline import Pipelining
+    staged = Pipelining(**{**m["pipeline"], "replica_axes": tuple(
+        m["pipeline"].get("replica_axes", ()))}) if m.get("pipeline") else None
+    return Microbatching(m["microbatches"], tuple(m["replica_axes"]), m["replicas"], staged,
+                         m.get("remat"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -317,7 +317,7 @@ def trace_program(fn: Callable, *args) -> Program:
         validate.output_leaves(jax.tree_util.tree_flatten_with_path(out)[0])
         return out
 
-    with validate.tracing(fn):
+    with validate.tracing(fn, dict(zip(argument_names(fn, len(args)), args))):
         closed, out_shapes = jax.make_jaxpr(flat_fn, return_shape=True)(*leaves)
     out_avals, out_tree = jax.tree_util.tree_flatten(out_shapes)
     out_paths = ["out" + jax.tree_util.keystr(k) for k, _ in

@@ -127,6 +127,7 @@ def plan_options(*, mesh, hardware, memory_budget, pins, donate_argnums, time_li
     if not isinstance(mesh, Mesh):
         raise MeshError(f"mesh must be a jax.sharding.Mesh (e.g. autoshard.make_mesh((2, 4), "
                         f"('data', 'model'))), got {type_name(mesh)}")
+    mesh_axis_names(mesh.axis_names)
     if hardware is not None and not isinstance(hardware, Hardware):
         raise OptionError(f"hardware must be an autoshard.Hardware, got {type_name(hardware)}")
     if memory_budget is not None:
@@ -261,9 +262,11 @@ def user_frame(error: BaseException) -> traceback.FrameSummary | None:
 
 
 @contextlib.contextmanager
-def tracing(fn: Callable):
+def tracing(fn: Callable, arguments: Mapping[str, Any] | None = None):
     """Errors the user's function raises while JAX traces it become a ``TraceError`` that
-    names the function and the user's own file:line, with the original chained."""
+    names the function and the user's own file:line, with the original chained; and,
+    given ``arguments`` (by parameter name), the arguments the failing line of ``fn``
+    reads, with their shapes and dtypes (or None)."""
     try:
         yield
     except AutoshardError:
@@ -273,8 +276,77 @@ def tracing(fn: Callable):
         frame = user_frame(e)
         where = f" at {frame.filename}:{frame.lineno} ({frame.name})" if frame else ""
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise TraceError(f"tracing {name} failed{where}: {type(e).__name__}: {first}",
+        read = arguments_read(fn, frame, arguments or {})
+        reads = f"; the line reads {', '.join(read)}" if read else ""
+        raise TraceError(f"tracing {name} failed{where}: {type(e).__name__}: {first}{reads}",
                          frame) from e
+
+
+def arguments_read(fn: Callable, frame, arguments: Mapping[str, Any]) -> list[str]:
+    """``path: dtype[shape]`` (or ``path: None``) of each argument leaf that ``frame``'s
+    line reads, where that line is in ``fn``'s own body: the parameters it names, followed
+    through constant subscripts and attributes (``batch["x"]``, ``params.w``)."""
+    code = getattr(fn, "__code__", None)
+    if frame is None or code is None or not frame.line or (
+            frame.name, frame.filename) != (code.co_name, code.co_filename):
+        return []
+    import ast
+    try:
+        tree = ast.parse(frame.line.strip())
+    except SyntaxError:
+        return []
+    # an expression read by a subscript or attribute is not read whole
+    inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, (ast.Subscript, ast.Attribute))}
+    reads = {}   # path: (column, subtree)
+    for node in ast.walk(tree):
+        reached = None if id(node) in inner else argument_at(node, arguments)
+        if reached is not None and reached[0] not in reads:
+            reads[reached[0]] = (node.col_offset, reached[1])
+    described = {}
+    for where, (_, subtree) in sorted(reads.items(), key=lambda r: r[1][0]):
+        described.update(describe_leaves(where, subtree))
+    return [f"{path}: {text}" for path, text in described.items()]
+
+
+def argument_at(node, arguments: Mapping[str, Any]) -> tuple[str, Any] | None:
+    """(path, subtree) of the argument an expression reads (a parameter, subscripted by
+    constants or read by attribute), or None."""
+    import ast
+    keys = []
+    while isinstance(node, (ast.Subscript, ast.Attribute)):
+        if isinstance(node, ast.Attribute):
+            keys.append(("attr", node.attr))
+        elif isinstance(node.slice, ast.Constant):
+            keys.append(("item", node.slice.value))
+        else:
+            return None
+        node = node.value
+    if not isinstance(node, ast.Name) or node.id not in arguments:
+        return None
+    path, value = node.id, arguments[node.id]
+    for kind, key in reversed(keys):
+        try:
+            value = getattr(value, key) if kind == "attr" else value[key]
+        except Exception:   # not a pytree node of the argument: read it whole
+            break
+        path += f".{key}" if kind == "attr" else f"[{key!r}]"
+    return path, value
+
+
+def describe_leaves(path: str, tree) -> dict[str, str]:
+    """Per leaf of ``tree`` (None included): its path under ``path`` and dtype[shape]."""
+    import jax
+    found = {}
+    for key_path, leaf in jax.tree_util.tree_flatten_with_path(
+            tree, is_leaf=lambda x: x is None)[0]:
+        where = path + jax.tree_util.keystr(key_path)
+        if leaf is None:
+            found[where] = "None"
+        elif hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
+            found[where] = f"{dtype_text(leaf.dtype)}{list(leaf.shape)}"
+        else:
+            found[where] = type_name(leaf)
+    return found
 
 
 # -- plans ------------------------------------------------------------------------------------
@@ -353,6 +425,15 @@ def spec_axes(where: str, spec, axis_names: Sequence[str]) -> None:
             if axis not in axis_names:
                 raise PlanError(f"{where}: spec names mesh axis {axis!r}, which the mesh "
                                 f"does not have (axes: {list(axis_names)})")
+
+
+def mesh_axis_names(axis_names) -> None:
+    """A mesh's axis names are distinct: a spec names an axis, and a repeated one would
+    name two."""
+    for n in axis_names:
+        if list(axis_names).count(n) > 1:
+            raise MeshError(f"mesh axis name {n!r} repeats in {tuple(axis_names)}: each mesh "
+                            "axis needs a name of its own")
 
 
 def mesh_arguments(axis_shapes, axis_names) -> tuple[tuple[int, ...], tuple[str, ...]]:

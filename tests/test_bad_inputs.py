@@ -123,10 +123,19 @@ CASES = [
      TraceError, "concretizes"),
     ("plan too many args", lambda c: autoshard.plan(loss, W, BATCH, W, mesh=c.mesh),
      TraceError, "loss"),
+    ("plan fn argument wrong shape", lambda c: autoshard.plan(
+        loss, jax.ShapeDtypeStruct((17, 32), f32), BATCH, mesh=c.mesh), TraceError,
+     "w: float32[17, 32]"),
+    ("plan fn argument None", lambda c: autoshard.plan(loss, W, {"x": None, "y": BATCH["y"]},
+                                                      mesh=c.mesh), TraceError,
+     "batch['x']: None"),
     # -- autoshard.plan: keywords -----------------------------------------------------------
     ("plan mesh None", lambda c: autoshard.plan(loss, W, BATCH, mesh=None), MeshError, "mesh"),
     ("plan mesh str", lambda c: autoshard.plan(loss, W, BATCH, mesh="2x4"), MeshError, "mesh"),
     ("plan mesh tuple", lambda c: autoshard.plan(loss, W, BATCH, mesh=(2, 4)), MeshError, "mesh"),
+    ("plan jax mesh duplicate names", lambda c: autoshard.plan(
+        loss, W, BATCH, mesh=jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(2, 4),
+                                               ("data", "data"))), MeshError, "'data' repeats"),
     ("plan hardware str", lambda c: plan_with(c, hardware="h100"), OptionError, "hardware"),
     ("plan hardware dict", lambda c: plan_with(c, hardware={"flops": 1e12}), OptionError,
      "hardware"),
@@ -310,6 +319,17 @@ CASES = [
         edited_json(c.json, lambda d: d.update(format=99)), c.mesh), PlanError, "99"),
     ("json mesh str", lambda c: autoshard.Plan.from_json(
         edited_json(c.json, lambda d: d.update(mesh="2x4")), c.mesh), PlanError, "mesh"),
+    ("json arguments int", lambda c: autoshard.Plan.from_json(
+        edited_json(c.json, lambda d: d.update(arguments=3)), c.mesh), PlanError,
+     "field 'arguments'"),
+    ("json outputs int", lambda c: autoshard.Plan.from_json(
+        edited_json(c.json, lambda d: d.update(outputs=3)), c.mesh), PlanError,
+     "field 'outputs'"),
+    ("json argument path int", lambda c: autoshard.Plan.from_json(
+        edited_json(c.json, lambda d: d["arguments"][0].update(path=3)), c.mesh), PlanError,
+     "field 'arguments[0]'"),
+    ("json cost list", lambda c: autoshard.Plan.from_json(
+        edited_json(c.json, lambda d: d.update(cost=[1])), c.mesh), PlanError, "field 'cost'"),
     ("json hardware nan", lambda c: autoshard.Plan.from_json(
         edited_json(c.json, lambda d: d["hardware"].update(flops=-1)), c.mesh), HardwareError,
      "flops"),
@@ -339,6 +359,10 @@ CASES = [
      OptionError, "candidates"),
     ("judge compare mesh str", lambda c: judge.compare(loss, W, BATCH, candidates={"a": c.plan},
                                                    mesh="2x4"), MeshError, "mesh"),
+    ("judge compare unknown axis", lambda c: judge.compare(
+        loss, W, BATCH, candidates={"experts": (P("expert"), {"x": P(), "y": P()})},
+        mesh=c.mesh), PlanError, "candidate 'experts' in_shardings[0] = P('expert',) names "
+     "mesh axis 'expert'"),
     ("viz scoreboard int view", lambda c: viz.scoreboard({"gpt": 1}), OptionError, "gpt"),
     ("viz scoreboard list", lambda c: viz.scoreboard([]), OptionError, "comparisons"),
     # -- checkpoints ------------------------------------------------------------------------
