@@ -228,7 +228,21 @@ def test_shared_edge_costs_match_brute_force(seed):
     request = Request(**{**base.__dict__, "shared_edge_costs": shared})
     result = solve(request)
     assert result.objective == pytest.approx(brute_force(request))
-    assert result.objective == pytest.approx(evaluate(request, result.choice)[0])
+    # and by hand, without evaluate: each shared cost paid once where any reader marks it
+    # (both sides above are evaluate's), the cheapest choice within the budget
+    assert result.objective == pytest.approx(seconds_by_hand(request, result.choice))
+    within = [c for c in itertools.product(range(3), repeat=6)
+              if peak_memory(request, c) <= request.memory_budget]
+    assert result.objective == pytest.approx(min(seconds_by_hand(request, c) for c in within))
+
+
+def seconds_by_hand(request: Request, choice) -> float:
+    """Groups' and edges' seconds, and each shared edge cost's once if any of its
+    members (u, v, paid) has paid[choice[u], choice[v]]."""
+    return (sum(costs[s] for costs, s in zip(request.node_costs, choice))
+            + sum(m[choice[u], choice[v]] for u, v, m in request.edges)
+            + sum(shared.seconds for shared in request.shared_edge_costs
+                  if any(paid[choice[u], choice[v]] for u, v, paid in shared.members)))
 
 
 def test_a_shared_copy_is_held_once_and_only_when_made():
