@@ -538,7 +538,8 @@ def op_fft(b: Builder):
     return value
 
 
-OPS = ((op_conv, 2), (op_fft, 1), (op_unary, 3), (op_binary, 3), (op_closure, 1), (op_einsum, 3), (op_reduce, 2), (op_reshape, 2),
+OPS = ((op_conv, 2), (op_fft, 1), (op_unary, 3), (op_binary, 3), (op_closure, 1),
+       (op_einsum, 3), (op_reduce, 2), (op_reshape, 2),
        (op_concat_slice, 2), (op_gather, 2), (op_dynamic_slice, 2), (op_sort, 2),
        (op_loop, 3))
 _OP_TABLE = [op for op, weight in OPS for _ in range(weight)]
