@@ -39,6 +39,12 @@ from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, Primitive, Var
 
 __all__ = ["ClosedJaxpr", "Jaxpr", "Literal", "Primitive", "Var"]
 
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    """``"0.10.2"`` as ``(0, 10, 2)``."""
+    return tuple(int(part) for part in text.split("."))
+
+
 JAX_VERSION: tuple[int, ...] = tuple(jax.__version_info__[:3])
 # The releases the suite runs on: the oldest supported, and the newest release line.
 OLDEST, NEWEST = "0.10.2", "0.12"

@@ -20,9 +20,21 @@ def test_core_needs_only_what_planning_needs():
                                                            "typer"}
 
 
+def test_jax_range_is_the_tested_one():
+    """pyproject admits the JAX releases the suite runs on, from the oldest to the newest
+    release line, and the installed JAX is one of them."""
+    import jax
+    from autoshard import jax_compat
+    (jax_req,) = [r for r in PYPROJECT["project"]["dependencies"] if r.startswith("jax")]
+    oldest, newest = jax_compat.OLDEST, jax_compat.NEWEST
+    major, minor = map(int, newest.split("."))
+    assert jax_req == f"jax>={oldest},<{major}.{minor + 1}"
+    assert jax_compat.version_tuple(oldest) <= jax_compat.JAX_VERSION < (major, minor + 1)
+
+
 def test_extras():
     extras = PYPROJECT["project"]["optional-dependencies"]
-    assert extras["cuda"] == ["jax[cuda12]>=0.10"]
+    assert extras["cuda"] == ["jax[cuda12]>=0.10.2,<0.13"]
     assert names(extras["zoo"]) == {"flax", "optax"}
     assert names(extras["checkpoint"]) == {"orbax-checkpoint"}
     assert names(extras["viz"]) == {"matplotlib"}

@@ -640,9 +640,8 @@ def kept_arguments(fn, args) -> list:
     """The arguments ``jax.jit(fn)`` keeps (``keep_unused=False``): those some output
     depends on, by JAX's own dead-code elimination of the jaxpr; the others are left as
     None, so ``floor_bytes`` still names them ``a0``, ``a1``, ... by position."""
-    from jax._src.interpreters import partial_eval as pe
-    closed = jax.make_jaxpr(fn)(*args)
-    _, used = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
+    from autoshard.jax_compat import used_inputs
+    used = used_inputs(jax.make_jaxpr(fn)(*args))
     return [a if keep else None for a, keep in zip(args, used)]
 
 
