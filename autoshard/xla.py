@@ -484,17 +484,20 @@ def combiner_order(graph: Graph) -> list[int]:
     """Per node, its place in the order XLA's combiner walks a computation: its post
     order (``HloComputation::MakeInstructionPostOrder``), depth first from the outputs in
     order, each node after its operands, taken in order. A node no output reads gets -1
-    (XLA drops it)."""
+    (XLA drops it). A loop's carry reads its body's result, a node after it: that edge
+    back is not followed (XLA's computations have none)."""
     place = [-1] * len(graph.nodes)
     count = 0
+    entered = [False] * len(graph.nodes)
     for out in graph.outputs:
         if out is None or place[graph.values[out].producer] >= 0:
             continue
         stack = [(graph.values[out].producer, False)]
         while stack:
             node_id, expanded = stack.pop()
-            if place[node_id] >= 0:
+            if place[node_id] >= 0 or (entered[node_id] and not expanded):
                 continue
+            entered[node_id] = True
             if expanded:
                 place[node_id] = count
                 count += 1

@@ -259,3 +259,35 @@ def test_fft_runs_whatever_its_readers_split(name):
                               cache=False, progress=False)
         np.testing.assert_allclose(np.asarray(plan.jit()(x)), expected, rtol=1e-4, atol=1e-4,
                                    err_msg=f"out pinned to {spec}")
+
+
+def test_the_combiner_order_of_a_differentiated_loop_ends():
+    """A loop's carry reads its body's result, a node after it in the graph: the walk
+    that orders nodes as XLA's combiner does followed that edge back and never ended, so
+    planning the gradient of a fori_loop feeding a scan (a random program on 2x4, under a
+    budget) hung. The walk ends within a minute, placing each node it reaches once."""
+    import signal
+
+    from autoshard import xla
+    from autoshard.trace import build_graph, trace_program
+
+    def loss(x, c):
+        y = lax.fori_loop(0, 4, lambda i, c: jnp.sin(c) * 0.9 + 0.1 * c, x)
+        return jnp.sum(lax.scan(lambda c, xs: (jnp.tanh(c * 0.5 + xs), c * 2), c, -y)[1] ** 2)
+    args = (jax.ShapeDtypeStruct((4, 8), jnp.float32), jax.ShapeDtypeStruct((8,), jnp.float32))
+    graph = build_graph(trace_program(jax.value_and_grad(loss), *args))
+
+    def stop(*_):
+        raise TimeoutError("combiner_order did not end within 60 s")
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(60)
+    try:
+        place = xla.combiner_order(graph)
+        plan = autoshard.plan(jax.value_and_grad(loss), *args, mesh=autoshard.make_mesh(
+            (2, 4), ("x", "y")), memory_budget=4802.0, cache=False, progress=False)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    placed = sorted(p for p in place if p >= 0)
+    assert placed == list(range(len(placed))) and len(placed) > len(graph.nodes) // 2
+    assert plan.cost.memory_bytes <= 4802.0
