@@ -7,6 +7,10 @@
 """
 
 from autoshard import _zoo_path  # noqa: F401  (installs the zoo finder)
+from autoshard.target import allow_deviceless_cuda, target_mesh
+
+allow_deviceless_cuda()   # before JAX's backend starts: GPU targets compile on any machine
+
 from autoshard.accumulate import value_and_grad
 from autoshard.api import AutoSharded, auto_shard, plan
 from autoshard.errors import (AutoshardError, HardwareError, InputError, LaunchError,
@@ -19,5 +23,5 @@ from autoshard.plan import Plan, PlanCost
 __all__ = ["AutoSharded", "AutoshardError", "H100", "Hardware", "HardwareError", "InputError",
            "LaunchError", "MemoryBudgetError", "MeshError", "OptionError", "PathError", "PinError",
            "Plan", "PlanCost", "PlanError", "TraceError", "auto_shard", "make_mesh", "plan",
-           "value_and_grad"]
+           "target_mesh", "value_and_grad"]
 __version__ = "0.1.0"

@@ -289,8 +289,10 @@ def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | N
             respect_annotations: bool, seed: int, checkpoint_dir: Path | None = None,
             checkpoint_every: int = 0, resume: bool = False,
             microbatches: str | None = None, pipeline: str | None = None,
-            full: bool = False, repeats: str | None = None) -> None:
+            full: bool = False, repeats: str | None = None, target: str | None = None,
+            compile_only: bool = False) -> None:
     shape, names = parse_mesh(mesh_text, axes)
+    compile_only = compile_only or target is not None   # a GPU target runs nothing here
     count = math.prod(shape)
     budget = parse_bytes(memory_budget) if memory_budget else None
     if budget is not None and not budget > 0:
@@ -308,7 +310,10 @@ def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | N
     if size not in entry.sizes:
         raise CliError(f"model {model!r} has no size {size!r}; sizes: {', '.join(entry.sizes)}")
     hw = load_hardware(hardware)         # read (and checked) before the backend starts
-    info = start_backend(count)
+    if target is not None and launched():
+        raise CliError("--target compiles for GPUs this machine need not have: run it "
+                       "without autoshard launch")
+    info = start_backend(1 if target is not None else count)
     import jax
     import autoshard
     import autoshard.hlo_report
@@ -316,22 +321,24 @@ def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | N
 
     multi = jax.process_count() > 1
     say = Say(quiet=not info.is_primary)
-    if len(jax.devices()) != count:
+    if target is None and len(jax.devices()) != count:
         raise CliError(f"mesh {mesh_text} needs {count} devices; {jax.devices()[0].platform} "
                        f"has {len(jax.devices())}"
                        + (f" over {jax.process_count()} processes" if multi else ""))
-    mesh = autoshard.make_mesh(shape, names)
+    mesh = (autoshard.target_mesh(target, shape, names) if target is not None
+            else autoshard.make_mesh(shape, names))
     if hardware is None:   # the default depends on the mesh's devices
         hw = load_hardware(None, mesh)
     latest = checkpoint_start(checkpoint_dir, resume)
     if multi:
         typer.echo(f"process {info.process_id}/{info.num_processes}: "
                    f"{jax.local_device_count()} local of {jax.device_count()} devices")
-    total = 6
-    t = say.stage(1, total, f"building {model}/{size} (seed {seed})")
-    case = entry.train_case(size, seed=seed)
+    total = 4 if compile_only else 6
+    t = say.stage(1, total, f"building {model}/{size} (seed {seed})"
+                  + (", abstract: shapes and dtypes only" if compile_only else ""))
+    case = entry.train_case(size, seed=seed, abstract=compile_only)
     say(f"      {len(jax.tree.leaves(case.state))} state arrays, mesh "
-        f"{dict(zip(names, shape))} on {jax.devices()[0].platform}"
+        f"{dict(zip(names, shape))} on {mesh.devices.flat[0].device_kind}"
         + (f" ({jax.process_count()} processes)" if multi else "")
         + f", {time.perf_counter() - t:.1f} s")
     say(f"      priced on {hardware_phrase(hardware, mesh)}")
@@ -379,6 +386,11 @@ def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | N
         compiled = experts.compile_expert(case, mesh, name, abstract_args)
         rows.append((name, autoshard.hlo_report.hlo_report(compiled, hw, mesh)))
     say(comparison_table(rows))
+    if compile_only:
+        say(f"      compiled by XLA:{mesh.devices.flat[0].platform.upper()} without running: "
+            "step times are the compiled program priced on the hardware above, memory is "
+            "XLA's buffer assignment")
+        return
 
     t = say.stage(5, total, f"training {steps} steps on synthetic data"
               + (f", checkpoints every {checkpoint_every} in {checkpoint_dir}"
@@ -457,6 +469,11 @@ def zoo(
     repeats: Optional[str] = typer.Option(
         None, help="the pipeline's schedule: 1 (GPipe), V >= 2 (circular, V passes through "
                    "the stages), or 'auto'"),
+    target: Optional[str] = typer.Option(
+        None, help="plan and compile for GPUs of this kind (h100, h200, a100) that this "
+                   "machine need not have, hosts of 8; implies --compile-only"),
+    compile_only: bool = typer.Option(
+        False, "--compile-only", help="plan and compile, on abstract arguments; no training"),
 ):
     """Plan, compare, train and check a zoo model on a (simulated) device mesh."""
     if list_models_:
@@ -466,7 +483,7 @@ def zoo(
         raise CliError("name a model (see autoshard zoo --list)")
     run_zoo(model, size, mesh, steps, hardware, memory_budget, save_plan, axes,
             respect_annotations, seed, checkpoint_dir, checkpoint_every, resume,
-            microbatches, pipeline, full, repeats)
+            microbatches, pipeline, full, repeats, target, compile_only)
 
 
 def parse_count(flag: str, text: str) -> int | str:

@@ -71,3 +71,11 @@ def test_missing_extra_names_it(monkeypatch):
     with pytest.raises(ImportError, match=r'autoshard.checkpoint needs orbax.checkpoint: '
                                           r'pip install "autoshard\[checkpoint\]"'):
         import autoshard.checkpoint  # noqa: F401
+
+
+def test_gpu_target_configs_ship_as_package_data():
+    """``autoshard.target_mesh`` reads a target config per GPU kind from the package."""
+    from autoshard import target
+    globs = PYPROJECT["tool"]["setuptools"]["package-data"]["autoshard"]
+    shipped = [p for g in globs for p in (ROOT / "autoshard").glob(g)]
+    assert {p.stem for p in shipped} == set(target.target_kinds()) >= {"h100", "h200", "a100"}

@@ -1,0 +1,129 @@
+"""GPU targets compiled without a GPU (``autoshard.target_mesh``): XLA:GPU's programs for
+H100s, one host of 8 and two hosts of 8, read as a plan's report reads them.
+
+Needs JAX's CUDA plugin (``pip install "autoshard[cuda]"``); skipped without it, except
+the tests of what a user without it is told."""
+
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import autoshard
+from autoshard import hardware, target
+from autoshard.errors import MeshError
+from autoshard.hlo_report import hlo_report
+
+needs_plugin = pytest.mark.skipif(not target.cuda_plugin_installed(),
+                                  reason='GPU targets need JAX\'s CUDA plugin: '
+                                         'pip install "autoshard[cuda]"')
+
+
+def mlp_step(params, x):
+    def loss(params):
+        h = jnp.tanh(x @ params["w1"])
+        return jnp.mean((h @ params["w2"]) ** 2)
+    grads = jax.grad(loss)(params)
+    return jax.tree.map(lambda p, g: p - 0.01 * g, params, grads)
+
+
+def mlp_args(batch=512, d=1024, hidden=4096, dtype=jnp.bfloat16):
+    params = {"w1": jax.ShapeDtypeStruct((d, hidden), dtype),
+              "w2": jax.ShapeDtypeStruct((hidden, d), dtype)}
+    return params, jax.ShapeDtypeStruct((batch, d), dtype)
+
+
+def test_unknown_kind_names_the_known_ones():
+    with pytest.raises(MeshError, match="no target config for GPU kind 'tpu9'.*h100"):
+        target.target_config("tpu9")
+
+
+def test_meshes_fill_whole_hosts():
+    assert target.topology_name(4, 8) == "1x1x4"
+    assert target.topology_name(16, 8) == "1x2x8"
+    with pytest.raises(MeshError, match="12 GPUs do not fill hosts of 8"):
+        target.topology_name(12, 8)
+
+
+def test_a_missing_plugin_names_the_extra(monkeypatch):
+    from jax.experimental import topologies
+
+    def not_implemented(**kwargs):
+        raise NotImplementedError("topology not implemented for cuda")
+    monkeypatch.setattr(topologies, "get_topology_desc", not_implemented)
+    with pytest.raises(MeshError, match=r'pip install "autoshard\[cuda\]"'):
+        autoshard.target_mesh("h100", (8,), ("data",))
+
+
+def test_every_target_kind_has_a_hardware_profile():
+    for kind in target.target_kinds():
+        assert hardware.device_kind_hardware(kind) is not None, kind
+
+
+@needs_plugin
+@pytest.mark.parametrize("kind", target.target_kinds())
+def test_each_kind_compiles_and_plans_with_its_profile(kind):
+    mesh = autoshard.target_mesh(kind, (8,), ("data",))
+    device = mesh.devices.flat[0]
+    assert device.platform == "gpu" and len(mesh.devices.flat) == 8
+    assert hardware.device_kind_hardware(device.device_kind) is hardware.DEVICE_KINDS[kind]
+    plan = autoshard.plan(mlp_step, *mlp_args(), mesh=mesh)
+    assert plan.hardware.flops == hardware.DEVICE_KINDS[kind].flops
+    compiled = plan.jit().lower(*mlp_args()).compile()
+    assert "gemm" in compiled.as_text()   # XLA:GPU's cuBLAS or Triton gemm fusions
+
+
+@needs_plugin
+def test_two_hosts_price_the_axis_between_them():
+    mesh = autoshard.target_mesh("h100", (2, 8), ("data", "model"))
+    hosts = np.vectorize(lambda d: d.process_index)(mesh.devices)
+    assert (hosts[:, 0] == [0, 1]).all() and (hosts == hosts[:, :1]).all()
+    hw = hardware.default_hardware(mesh)
+    assert hw.bandwidth("data") == hardware.INTER_NODE_BANDWIDTH
+    assert hw.bandwidth("model") == hardware.H100.bandwidth("model")
+
+
+@needs_plugin
+def test_a_data_parallel_plan_reads_gpu_async_collectives():
+    """Data parallel over two hosts of 8, a batch larger than the weights (so that the
+    plan reduces gradients rather than gathering it): XLA:GPU reduces them with async
+    all-reduces (``all-reduce-start``), which the report counts with their bytes."""
+    mesh = autoshard.target_mesh("h100", (16,), ("data",))
+    params, x = mlp_args(batch=16384)
+    plan = autoshard.plan(mlp_step, params, x, mesh=mesh,
+                          pins={"params": P(), "x": P("data"), "out": P()})
+    compiled = plan.jit().lower(params, x).compile()
+    assert "all-reduce-start" in compiled.as_text()
+    report = hlo_report(compiled, plan.hardware, mesh)
+    gradient_bytes = sum(np.prod(p.shape) * 2 for p in jax.tree.leaves(params))
+    assert report.comm_s > 0
+    moved = sum(c.num_bytes * c.count for c in report.collectives)
+    assert moved >= gradient_bytes / 16   # at least each device's share of the gradients
+
+
+@needs_plugin
+def test_report_memory_is_xla_gpu_buffer_assignment():
+    mesh = autoshard.target_mesh("h100", (2, 4), ("data", "model"))
+    params, x = mlp_args()
+    plan = autoshard.plan(mlp_step, params, x, mesh=mesh)
+    report = plan.report(params, x)
+    m = plan.jit().lower(params, x).compile().memory_analysis()
+    xla_bytes = (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+                 - m.alias_size_in_bytes)
+    assert report.compiled.memory_bytes == pytest.approx(xla_bytes, rel=0.01)
+
+
+@needs_plugin
+@pytest.mark.slow
+def test_zoo_compiles_for_h100s_without_one(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "autoshard.cli", "zoo", "gpt", "--size", "tiny",
+                          "--target", "h100", "--mesh", "2x8"],
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "NVIDIA H100 80GB HBM3" in out.stdout
+    assert "compiled by XLA:GPU" in out.stdout
+    assert "[5/" not in out.stdout   # nothing trained
