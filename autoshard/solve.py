@@ -28,17 +28,14 @@ from typing import Sequence
 import numpy as np
 from scipy import optimize, sparse
 
+from autoshard import highs
 from autoshard.request import (CopyTerm, GroupTerm, LiveRows, PairTerm, Request, Touching,
                                allowed_mask, evaluate, fits, group_seconds, is_valid,
                                peak_memory, row_bytes, term_values, tie_mask)
 
-try:   # HiGHS as scipy bundles it, for LPs re-solved from their last basis (``PricedLp``)
-    from scipy.optimize._highspy import _core as highs_core
-    if not all(hasattr(highs_core, name)
-               for name in ("HighsLp", "_Highs", "MatrixFormat", "kHighsInf")):
-        raise ImportError("scipy's HiGHS bindings lack what warm starts use")
-except ImportError:   # a scipy without them: every LP solved cold through ``optimize.milp``
-    highs_core = None
+# HiGHS's model interface, for LPs re-solved from their last basis (``PricedLp``); None:
+# every LP solved cold through ``optimize.milp``
+highs_core = highs.core
 
 SECONDS_SCALE = 1e6     # the ILP works in microseconds
 OPTIMALITY_GAP = 1e-4
@@ -619,23 +616,10 @@ def highs_model(ilp: _Ilp):
     bounds, then the equalities; dual simplex, no presolve), so that it lands on the
     optimum linprog does; quiet."""
     a_ub, b_ub, a_eq, b_eq = ilp.linprog_rows()
-    a = sparse.csc_array(sparse.vstack([a_ub, a_eq]))
-    lp = highs_core.HighsLp()
-    lp.num_col_, lp.num_row_ = ilp.num_vars, a.shape[0]
-    lp.col_cost_ = ilp.cost
-    lp.col_lower_, lp.col_upper_ = np.zeros(ilp.num_vars), ilp.var_upper
-    lp.row_lower_ = np.concatenate([np.full(len(b_ub), -highs_core.kHighsInf), b_eq])
-    lp.row_upper_ = np.concatenate([b_ub, b_eq])
-    lp.a_matrix_.format_ = highs_core.MatrixFormat.kColwise
-    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = a.shape[1], a.shape[0]
-    lp.a_matrix_.start_, lp.a_matrix_.index_ = a.indptr, a.indices
-    lp.a_matrix_.value_ = a.data
-    highs = highs_core._Highs()
-    for option, value in (("output_flag", False), ("presolve", "off"), ("solver", "simplex"),
-                          ("simplex_strategy", 1)):   # 1: dual simplex
-        highs.setOptionValue(option, value)
-    highs.passModel(lp)
-    return highs
+    return highs.lp_instance(ilp.cost, ilp.var_upper,
+                             sparse.csc_array(sparse.vstack([a_ub, a_eq])),
+                             np.concatenate([np.full(len(b_ub), -np.inf), b_eq]),
+                             np.concatenate([b_ub, b_eq]))
 
 
 def solve(request: Request, within_budget: bool = True) -> Result:
