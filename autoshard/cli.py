@@ -230,6 +230,14 @@ def comparison_table(rows: list[tuple[str, object]]) -> str:
     return "\n".join(lines)
 
 
+def collectives_line(report) -> str:
+    """The compiled step's collectives per device by kind: how many run, bytes moved."""
+    kinds = sorted({c.kind for c in report.collectives})
+    parts = [f"{kind} x{report.count(kind)} ({format_bytes(report.collective_bytes(kind))})"
+             for kind in kinds]
+    return "      collectives per step: " + (", ".join(parts) if parts else "none")
+
+
 def annotation_diff(plan, pins: dict, full: bool = False) -> list[tuple[int, str]]:
     """Where the auto spec differs from the annotated one: ``(count, line)`` per path, or
     (``full=False``) per layer pattern, ``blocks[0..11]['mlp']['fc1']['kernel']``."""
@@ -379,6 +387,8 @@ def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | N
     abstract_args = case.abstract_args()
     report = plan.report(*abstract_args)
     say(str(report))
+    if compile_only:
+        say(collectives_line(report.compiled))
 
     t = say.stage(4, total, f"compiling expert plans: {', '.join(case.experts)}")
     rows = [("auto", report.compiled)]
