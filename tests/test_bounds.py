@@ -26,6 +26,7 @@ from autoshard.coarsen import coarsen
 from autoshard.cost import build_cost_graph
 from autoshard.cost import graph as cost_graph
 from autoshard.hardware import Backend
+from autoshard.hlo_report import hlo_report
 from autoshard.units import axis_sizes
 from autoshard.request import (CopyTerm, GroupTerm, LiveRows, PairTerm, Request,
                                SharedEdgeCost, peak_memory)
@@ -248,15 +249,24 @@ def stack_args(layers=4, rows=2048, d=64, f=256):
     return params, {"x": shape((rows, d), jnp.float32), "y": shape((rows, d), jnp.float32)}
 
 
+def compiled_bytes(plan, args) -> int:
+    """XLA's memory analysis of the compiled plan: arguments + outputs + temporaries -
+    aliased."""
+    compiled = plan.jit().lower(*args).compile()
+    return hlo_report(compiled, plan.hardware, plan.mesh).memory_bytes
+
+
 def test_auto_search_drops_only_settings_that_lose(mesh_1d):
     """Under a budget plans without remat miss, the settings the search rejects by the
     floor do not fit when planned alone, those it drops as unable to beat the best are
-    no faster planned alone, and the chosen plan is the fastest of those that fit."""
+    no faster planned alone, and the chosen plan is the fastest of those that fit, in
+    the budget once compiled too."""
     args = stack_args()
     plan = functools.partial(autoshard.plan, stack_step, *args, mesh=mesh_1d,
                              hardware=autoshard.H100, cache=False, progress=False)
     budget = 0.7 * plan().cost.memory_bytes
     chosen = plan(memory_budget=budget, microbatches="auto", remat="auto")
+    assert chosen.cost.memory_bytes <= budget and compiled_bytes(chosen, args) <= budget
     tried = chosen.solver["settings"]
     assert {t["outcome"].split(":")[0] for t in tried} >= {"fits", "over budget"}
     for t in tried:
@@ -269,6 +279,7 @@ def test_auto_search_drops_only_settings_that_lose(mesh_1d):
                     plan(memory_budget=budget)
                 continue
             alone = plan(memory_budget=budget)
+            assert compiled_bytes(alone, args) <= budget, t
         assert alone.cost.memory_bytes <= budget
         assert chosen.cost.total_s <= alone.cost.total_s * (1 + 1e-9), t
 

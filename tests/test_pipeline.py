@@ -67,6 +67,15 @@ def compiled_report(plan_, args):
     return hlo_report(plan_.jit().lower(*args).compile(), plan_.hardware, plan_.mesh)
 
 
+def assert_fits_once_compiled(plan_, args, budget):
+    """A budget is a promise about the compiled program: the plan fits it as predicted,
+    and as XLA's memory analysis counts it (arguments + outputs + temporaries - aliased)."""
+    compiled = compiled_report(plan_, args).memory_bytes
+    assert plan_.cost.memory_bytes <= budget
+    assert compiled <= budget, (f"compiled {compiled} B over the budget of {budget:.0f} B "
+                                f"(predicted {plan_.cost.memory_bytes:.0f} B)")
+
+
 # -- autoshard.value_and_grad outside plan -------------------------------------------------
 
 def aux_loss(w, b, x):
@@ -116,7 +125,7 @@ def test_auto_microbatches_fit_a_budget_one_batch_does_not(args, expected, mesh_
         plan_for(args, mesh_1d, memory_budget=budget)
     plan_ = plan_for(args, mesh_1d, memory_budget=budget, microbatches="auto")
     assert plan_.microbatching.microbatches > 1
-    assert plan_.cost.memory_bytes <= budget
+    assert_fits_once_compiled(plan_, args, budget)
     assert_matches(plan_.jit()(*args), expected)
     assert f"{plan_.microbatching.microbatches} microbatches" in plan_.summary_text()
 
@@ -275,7 +284,7 @@ def test_pipeline_accumulates_where_one_pipelined_step_does_not_fit(stack_args, 
         if plan_.microbatching.microbatches > 1:
             break
     assert plan_.microbatching.microbatches > 1 and plan_.pipeline.microbatches == 4
-    assert plan_.cost.memory_bytes <= budget
+    assert_fits_once_compiled(plan_, stack_args, budget)
     assert "accumulation steps" in plan_.summary_text()
     assert_matches(plan_.jit()(*stack_args), jax.jit(stack_step)(*stack_args))
 
@@ -509,9 +518,10 @@ def test_auto_remat_and_microbatches_fit_a_tight_budget(stack_args, mesh_1d):
     budget = 0.8 * plan_stack(stack_args, mesh_1d, remat="dots_saveable").cost.memory_bytes
     plan_ = plan_stack(stack_args, mesh_1d, memory_budget=budget, microbatches="auto",
                        remat="auto")
-    assert plan_.cost.memory_bytes <= budget
+    assert_fits_once_compiled(plan_, stack_args, budget)
     for fixed in ({"remat": "nothing_saveable"}, {"microbatches": 2}):   # each fits alone
         other = plan_stack(stack_args, mesh_1d, memory_budget=budget, **fixed)
+        assert_fits_once_compiled(other, stack_args, budget)
         assert plan_.cost.total_s <= other.cost.total_s * (1 + 1e-9)
     assert_matches(plan_.jit()(*stack_args), expected)
     with pytest.raises(autoshard.InputError, match="remat"):

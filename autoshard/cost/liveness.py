@@ -5,10 +5,13 @@ their last reader), the copies readers make (resharded, or transposed for a dot 
 convolution), and the buffers of reductions (partial results, results of the combined
 all-reduce). A resharded copy depends on two groups' strategies: a ``PairTerm`` over
 the pair; a copy several readers share (``shared``) is held if it is made: a
-``CopyTerm``."""
+``CopyTerm``. Loops XLA runs as loops keep more: a state buffer per carry through the
+loop, what enters as a constant or a stack to the end of the body, stacked ys from the
+loop's start, the slices a dot reads, and work hoisted out of the body (``Loops``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Sequence
 
@@ -17,12 +20,68 @@ import numpy as np
 from autoshard import specs
 from autoshard.cost.reshard import REDUCTIONS, Pairs
 from autoshard.request import CopyTerm, GroupTerm, LiveRows, MemoryTerm, PairTerm
-from autoshard.xla import expensive, loop_scope, spreads, transposed_operands
+from autoshard.xla import contraction, expensive, loop_scope, spreads, transposed_operands
 
 
 # XLA returns several results as a tuple: a buffer of one pointer per result, counted in
 # the compiled program's output bytes (a single result is returned as itself).
 POINTER_BYTES = 8
+
+
+LOOP_SEAMS = ("loop_const", "loop_carry", "loop_xs", "loop_ys")
+
+
+@dataclasses.dataclass(frozen=True)
+class Loops:
+    """Where each loop of a program runs, in node order (keyed by its equation's key):
+    its first node (its first seam), the last node of its body, and whether it is a scan
+    unrolled whole (straight-line code to XLA: no loop state, no stacks)."""
+
+    starts: dict
+    ends: dict
+    unrolled: frozenset
+
+    @classmethod
+    def of(cls, graph) -> "Loops":
+        starts, ends, unrolled = {}, {}, set()
+        for node in graph.nodes:
+            if node.kind == "boundary" and node.primitive in LOOP_SEAMS:
+                loop = node.key[:-2]
+                starts.setdefault(loop, node.id)
+                ends.setdefault(loop, node.id)
+                if node.params.get("static") or node.params.get("unrolled"):
+                    unrolled.add(loop)
+            for i, part in enumerate(node.key):
+                if part == "body":   # nodes come in program order: the last one wins
+                    ends[node.key[:i]] = node.id
+        return cls(starts, ends, frozenset(unrolled))
+
+    def start(self, seam) -> int:
+        """The first node of the loop ``seam`` belongs to."""
+        return self.starts[seam.key[:-2]]
+
+    def body_end(self, seam) -> int:
+        """The last node of the body of the loop ``seam`` belongs to."""
+        return self.ends[seam.key[:-2]]
+
+    def runs(self, seam) -> bool:
+        """Whether XLA runs the loop of ``seam`` as a loop (not unrolled whole)."""
+        return seam.key[:-2] not in self.unrolled
+
+    def running(self) -> list[tuple]:
+        """The keys of the loops XLA runs as loops, outermost first."""
+        return sorted((k for k in self.starts if k not in self.unrolled), key=len)
+
+
+def moves_with_loop(node) -> bool:
+    """Whether a node inside a loop's body computes something new every iteration
+    whatever its operands: a seam of a loop XLA runs, other than a constant's (a loop
+    state, a slice of a stack)."""
+    if node.kind != "boundary":
+        return False
+    if node.primitive == "loop_const":
+        return False
+    return not (node.params.get("static") or node.params.get("unrolled"))
 
 
 def with_rows(terms: tuple, fixed: tuple, spans) -> tuple[tuple, tuple, LiveRows]:
@@ -43,6 +102,7 @@ class Liveness:
         self._copy_starts: dict = {}
         self._reductions: dict = {}
         self._uncopied = None
+        self._loops = None
 
     def value_bytes(self, value_id: int) -> GroupTerm:
         value = self.graph.values[value_id]
@@ -61,6 +121,37 @@ class Liveness:
         return max(1, sum(math.prod(self.graph.values[v].shape) > 1
                           for v in node.operands if v is not None))
 
+    def temporary_bytes(self, value) -> GroupTerm:
+        """The bytes XLA keeps for a temporary, per strategy of its group: its buffer, or
+        several (``broadcasts_kept``), or none where it is a bitcast of its operand
+        (``bitcast_of_operand``)."""
+        term = self.value_bytes(value.id)
+        num_bytes = term.num_bytes * self.broadcasts_kept(value)
+        bitcast = self.bitcast_of_operand(value)
+        if bitcast is not None:
+            num_bytes = np.where(bitcast, 0.0, num_bytes)
+        return GroupTerm(term.group, num_bytes)
+
+    def bitcast_of_operand(self, value) -> np.ndarray | None:
+        """Per group strategy, whether a broadcast of an argument is a bitcast of it: each
+        device holds as many elements of the result as of the argument, the added dims
+        split to one element a device (a weight broadcast to a copy per replica slice of
+        a batch, the copies split over the replica axes, is each device's own weight).
+        The argument's buffer lives throughout. None for other nodes."""
+        node = self.graph.nodes[value.producer]
+        if (node.primitive != "broadcast_in_dim" or node.operands[0] is None
+                or self.graph.node_of(node.operands[0]).kind != "arg"):
+            return None
+        operand = self.graph.values[node.operands[0]]
+        sizes = self.axis_sizes
+        ins = self.spec_lists.items[self.menus[node.id].in_lists[0]]
+        outs = self.out_specs(node.id, value.index)
+        return np.array([
+            specs.per_device_bytes(operand.shape, value.dtype,
+                                   i or specs.replicated(len(operand.shape)), sizes)
+            == specs.per_device_bytes(value.shape, value.dtype, o, sizes)
+            for i, o in zip(ins, outs)])
+
     def recomputable(self, node) -> bool:
         """A cheap elementwise op of one activation and constants (a relu, a reshape): XLA
         computes it again inside every fusion reading it rather than read its result. Not
@@ -70,6 +161,29 @@ class Liveness:
             return False
         sizes = [math.prod(self.graph.values[v].shape) for v in node.operands if v is not None]
         return sum(n > 1 for n in sizes) <= 1
+
+    def loops(self) -> "Loops":
+        """The program's loops, as XLA runs them (``Loops``); computed once."""
+        if self._loops is None:
+            self._loops = Loops.of(self.graph)
+        return self._loops
+
+    def read_at(self, value, user: int) -> int:
+        """The last node at which ``user`` reads ``value``'s buffer. A loop reads what
+        enters it every iteration: its constants and stacked xs are read to the end of
+        its body. A stacked ys seam writes an iteration's slice into the stack where
+        the body makes it (a dynamic-update-slice XLA runs right after its producer),
+        not after the body."""
+        node = self.graph.nodes[user]
+        if node.kind != "boundary":
+            return user
+        loops = self.loops()
+        if node.primitive in ("loop_const", "loop_xs"):
+            return loops.body_end(node)
+        if node.primitive == "loop_ys" and not node.params.get("unrolled"):
+            start = loops.start(node)
+            return value.producer if value.producer > start else loops.body_end(node)
+        return user
 
     def last_reads(self, copied: set) -> list[int]:
         """Per value, the last node that reads its buffer.
@@ -88,7 +202,7 @@ class Liveness:
                 if (value.id, user) in copied:
                     continue
                 if einsums[user] is None or not einsums[user].fusible or node.kind != "eqn":
-                    direct[value.id] = max(direct[value.id], user)
+                    direct[value.id] = max(direct[value.id], self.read_at(value, user))
                     continue
                 reach = user
                 for o in node.outputs:
@@ -118,6 +232,41 @@ class Liveness:
                         and value.dtype == out.dtype):
                     found.add(v)
                     break
+        return found
+
+    def written_into_outputs(self, last_read: Sequence[int], resident: set) -> set[int]:
+        """Temporaries whose buffer is a program output's: the elementwise fusion writing
+        an output (not donated) reads them for the last time, at the output's shape and
+        dtype, so XLA writes the output in place of one of them, which lives in the
+        output's buffer from the start (a scan's stack of per-layer gradients that the
+        update ``p - lr * g`` overwrites with the new weights)."""
+        graph, materialized, found = self.graph, self.space.materialized, set()
+        for value_id in resident:
+            out, node = graph.values[value_id], graph.node_of(value_id)
+            if node.kind != "eqn" or not self.fusible[node.id]:
+                continue
+            for v in self.fusion_inputs(node):
+                value = graph.values[v]
+                if (v not in resident and materialized[v] and last_read[v] == node.id
+                        and value.shape == out.shape and value.dtype == out.dtype
+                        and graph.nodes[value.producer].kind != "arg"):
+                    found.add(v)
+                    break
+        return found
+
+    def fusion_inputs(self, node) -> list[int]:
+        """The values an elementwise node's fusion reads from memory, in operand order: its
+        operands, and in place of each that XLA fuses into it (not in memory, made by an
+        elementwise node), that one's (``p - 0.1 * g`` reads ``p`` and ``g``)."""
+        graph, materialized, found = self.graph, self.space.materialized, []
+        for v in node.operands:
+            if v is None or v in found:
+                continue
+            producer = graph.node_of(v)
+            if materialized[v] or producer.kind != "eqn" or not self.fusible[producer.id]:
+                found.append(v)
+            else:
+                found += [u for u in self.fusion_inputs(producer) if u not in found]
         return found
 
     def from_arguments(self) -> list[bool]:
@@ -185,7 +334,7 @@ class Liveness:
         outputs = self.graph.nodes[node_id].outputs
         if outputs and all(from_args[v] and self.space.materialized[v] for v in outputs):
             return -1
-        return node_id
+        return max(node_id, self.read_at(self.graph.values[value_id], node_id))
 
     def transposed_reads(self) -> list[tuple[int, int, int]]:
         """(value, node, operand) of the operands XLA copies into another layout first."""
@@ -330,7 +479,7 @@ class Liveness:
     def uncopied_memory(self):
         """What ``build_memory`` counts before the resharded copies: the fixed terms
         (arguments, outputs) and their indices; the (term, first node, last node) spans
-        of temporaries, collective buffers and layout copies; per value, whether it is
+        of temporaries, loop states, collective buffers and layout copies; per value, whether it is
         read from the arguments; the reads whose copy a layout copy made before them
         takes over. Computed once per graph."""
         if self._uncopied is not None:
@@ -368,7 +517,10 @@ class Liveness:
         last_read = self.last_reads(copied)
         spans = []   # (term, first node, last node): a temporary lives from its producer
         #              (or the start) to its last reader
-        not_temporary = resident | aliased
+        states, in_state, held = self.loop_states(last_read, resident)
+        hoisted = self.hoisted()
+        not_temporary = resident | aliased | in_state
+        not_temporary |= self.written_into_outputs(last_read, resident)
         in_place = self.overwritten(last_read, not_temporary)
         for value in graph.values:
             if value.id in not_temporary or not self.space.materialized[value.id]:
@@ -376,20 +528,124 @@ class Liveness:
             seam = graph.nodes[value.producer]
             if seam.kind == "eqn" and value.id not in live:
                 continue  # dead code: jax.jit drops it
-            if seam.kind == "boundary" and seam.primitive != "loop_ys":
-                continue  # a loop seam aliases the buffer it connects; a scan's stacked
-                #           ys are buffers of their own, trip count x the body's slice
-            first = 0 if from_args[value.id] else value.producer
-            last = last_read[value.id] - (value.id in in_place)
+            if seam.kind == "boundary" and not self.seam_buffer(seam, value):
+                continue  # a seam aliasing the buffer it connects
+            first = (0 if from_args[value.id] and not self.loop_init(value)
+                     else self.written_at(seam, value))
+            last = held.get(value.id, last_read[value.id]) - (value.id in in_place)
+            if value.id in hoisted:   # made before its loop, read by every iteration
+                first, last = hoisted[value.id][0], max(last, hoisted[value.id][1])
             if from_args[value.id] and last == value.producer:
                 last = first   # read through copies alone, made from it at the start
-            term = self.value_bytes(value.id)
-            term = GroupTerm(term.group, term.num_bytes * self.broadcasts_kept(value))
-            spans.append((term, first, max(first, last)))
+            spans.append((self.temporary_bytes(value), first, max(first, last)))
+        spans += states
         spans += self.collective_buffers(last_read)
         spans += self.layout_copies(from_args, transposed)
         self._uncopied = (tuple(terms), tuple(fixed), tuple(spans), from_args, copied)
         return self._uncopied
+
+    def seam_buffer(self, seam, value) -> bool:
+        """Whether a seam's result is a buffer of its own: a scan's stacked ys (trip
+        count x the body's slice), and the slice of a stacked xs that some reader cannot
+        slice as it reads (a dot, a convolution, a loop: XLA writes the dynamic slice out
+        first; an elementwise reader fuses it, and so does the static slice of a scan
+        unrolled whole, which slices the outer stack where it lies). Other seams alias
+        the buffer they connect: a loop's state (``loop_states``), its constants, a
+        branch's operands."""
+        if seam.primitive == "loop_ys":
+            return True
+        if seam.primitive != "loop_xs":
+            return False
+        return not all(self.slices_as_it_reads(u) for u, _ in self.graph.users[value.id])
+
+    def slices_as_it_reads(self, node_id: int) -> bool:
+        """Whether XLA fuses a slice into a reader: an elementwise op, or the static slice
+        of a scan unrolled whole."""
+        node = self.graph.nodes[node_id]
+        if node.kind == "boundary":
+            return node.primitive == "loop_xs" and bool(node.params.get("static"))
+        return (node.kind == "eqn" and self.fusible[node_id]
+                and not contraction(self.space.einsums[node_id]))
+
+    def hoisted(self) -> dict[int, tuple[int, int]]:
+        """Values XLA computes before a loop rather than in it (while-loop-invariant code
+        motion): made in a loop's body from what enters it as a constant alone (a
+        stage's weights reshaped, a weight's transpose for the backward pass), each with
+        the first node and the end of the body of the outermost such loop, over which
+        its buffer is held (every iteration reads it)."""
+        graph, loops, found = self.graph, self.loops(), {}
+        for loop in loops.running():
+            body, start, end = loop + ("body",), loops.starts[loop], loops.ends[loop]
+            invariant: dict[int, bool] = {}
+
+            def entered(v):   # a value the body reads, as the loop sees it
+                if v is None or v in invariant:
+                    return v is None or invariant[v]
+                seam = graph.node_of(v)
+                return not (seam.key[:-2] == loop and seam.primitive != "loop_const")
+
+            for node in graph.nodes[start:end + 1]:
+                if node.key[:len(body)] != body:
+                    continue
+                flag = not moves_with_loop(node) and all(map(entered, node.operands))
+                for v in node.outputs:
+                    invariant[v] = flag
+                    if flag and node.primitive != "loop_const":
+                        found.setdefault(v, (start, end))
+        return found
+
+    def loop_init(self, value) -> bool:
+        """Whether a value only initializes loop carries (a gradient accumulator's zeros):
+        XLA writes it where the loop state is built, just before the loop, not first
+        with the other work on arguments alone."""
+        users = self.graph.users[value.id]
+        return bool(users) and all(self.graph.nodes[u].primitive == "loop_carry" and i == 0
+                                   for u, i in users)
+
+    def written_at(self, seam, value) -> int:
+        """The first node of a temporary's buffer: its producer's; for a loop's stacked
+        ys, the loop's start (XLA keeps the stack in the loop state and writes each
+        iteration's slice into it); for a slice of stacked xs, its first reader (XLA
+        slices it there)."""
+        if seam.kind != "boundary":
+            return value.producer
+        loops = self.loops()
+        if seam.primitive == "loop_ys" and loops.runs(seam):
+            return loops.start(seam)
+        if seam.primitive == "loop_xs":
+            return min(u for u, _ in self.graph.users[value.id])
+        return value.producer
+
+    def loop_states(self, last_read: Sequence[int], resident: set):
+        """What XLA keeps for the carries of a loop it runs: a buffer per carry, the loop
+        state, from the loop's start to the end of its body or the final value's last
+        reader after the loop (none for a final value the program returns: the state is
+        then the output's buffer). The body writes its new carry into the state where
+        the old one is no longer read (an elementwise update in place: an accumulator);
+        where it still is, the new value is a buffer of its own to the end of the body,
+        copied into the state there.
+
+        Returns the states' (term, first node, last node) spans, the body results written
+        into their state, and the body results held to the end of the body (value ->
+        last node)."""
+        graph, loops = self.graph, self.loops()
+        spans, in_state, held = [], set(), {}
+        for node in graph.nodes:
+            if node.primitive != "loop_carry" or node.kind != "boundary" or not loops.runs(node):
+                continue
+            body_in, final = node.outputs
+            end = loops.body_end(node)
+            result = node.operands[1]
+            if result is not None and result != body_in and graph.node_of(result).kind == "eqn":
+                producer, read = graph.values[result].producer, last_read[body_in]
+                if producer > read or producer == read and self.fusible[producer]:
+                    in_state.add(result)
+                else:
+                    held[result] = end
+            if final not in resident:
+                spans.append((self.value_bytes(body_in), node.id + 1,
+                              max(end, last_read[final])))
+        return spans, in_state, held
 
     def shared_copy_spans(self, from_args: Sequence[bool], copied: set):
         """(term, first node, last node) of every copy readers share: held from the first
