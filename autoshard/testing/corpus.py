@@ -31,6 +31,7 @@ The packages come with ``pip install -e ".[corpus]"``; ``keras_lm`` needs
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -61,6 +62,19 @@ def use_size(size: str) -> None:
     """Build the corpus models at ``size`` (``SIZES``) from now on."""
     global D_MODEL, BATCH_SIZE, SEQ, VOCAB
     D_MODEL, BATCH_SIZE, SEQ, VOCAB = SIZES[size]
+@contextlib.contextmanager
+def sized(size: str):
+    """Build, trace and run the corpus models at ``size`` inside this block (the models
+    read the sizes when traced), the sizes before it after."""
+    global D_MODEL, BATCH_SIZE, SEQ, VOCAB
+    before = D_MODEL, BATCH_SIZE, SEQ, VOCAB
+    use_size(size)
+    try:
+        yield
+    finally:
+        D_MODEL, BATCH_SIZE, SEQ, VOCAB = before
+
+
 HEADS = 4
 LAYERS = 2
 DROPOUT = 0.1
