@@ -9,7 +9,7 @@ import random
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 import autoshard
 from autoshard import cli, specs
@@ -173,6 +173,8 @@ def replayed(held: np.ndarray, steps) -> np.ndarray:
     return held
 
 
+@example(((1, 4, 1, 1), ((), ("a", "b"), (), ("c",)), ((), ("b",), ("c",), ("a",)),
+          {"a": 2, "b": 2, "c": 3}))
 @settings(max_examples=300, deadline=None)
 @given(reshards())
 def test_every_reshard_is_some_collectives_over_the_mesh(case):
@@ -187,6 +189,8 @@ def test_every_reshard_is_some_collectives_over_the_mesh(case):
         assert step.kind in ("all-gather", "all-to-all", "collective-permute")
         assert step.num_bytes > 0 and len({len(g) for g in step.groups}) == 1
         assert all(0 <= d < devices for g in step.groups for d in g)
+        if step.kind == "all-gather":    # told on the array's dims, split ones too
+            assert 0 <= step.gathered_dim < len(shape) and len(step.local_shape) == len(shape)
     if evenly_split(shape, src, sizes) and evenly_split(shape, dst, sizes):
         held = replayed(held_elements(shape, src, sizes), found)
         missing = np.argwhere(held_elements(shape, dst, sizes) & ~held)
@@ -246,6 +250,14 @@ def reshards_with_unit_dims(draw):
     return shape, src, dst, sizes
 
 
+# [1, 4, 1, 1] from P(None, (a, b), None, c) to P(None, b, c, a) on {a: 2, b: 2, c: 3}:
+# dims 1 and 3 trade shards 4, 3 for 2, 2, so dim 1 is split in two ([2, 2]) and the
+# gathers run on the split array; they are told on the array's own dims (and with a cut
+# dim ahead of the split one, on the kept ones)
+@example(((1, 4, 1, 1), ((), ("a", "b"), (), ("c",)), ((), ("b",), ("c",), ("a",)),
+          {"a": 2, "b": 2, "c": 3}), 1)
+@example(((1, 1, 4, 1, 1), ((), (), ("a", "b"), (), ("c",)), ((), (), ("b",), ("c",), ("a",)),
+          {"a": 2, "b": 2, "c": 3}), 4)
 @settings(max_examples=400, deadline=None)
 @given(reshards_with_unit_dims(), st.sampled_from([1, 2, 4]))
 def test_a_canonical_reshard_takes_the_same_steps(case, itemsize):

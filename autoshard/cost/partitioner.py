@@ -307,7 +307,9 @@ class _Partitioner:
         matched = merge_or_split(shape, src, dst)
         if matched is not None:
             before, after, i = matched
+            mark = len(self.steps)
             got = self.reshard(before, after, _split_shape(shape, i, src, before), full=False)
+            self.steps[mark:] = [_unsplit(step, i) for step in self.steps[mark:]]
             merged = merge_dim(got, i)
             if not merged.same(dst):
                 self.reshard(merged, dst, shape, full=False)
@@ -361,6 +363,19 @@ def _split_shape(shape, i, src: Tiling, before: Tiling):
     the rest], so that ``before`` tiles it."""
     local = math.ceil(shape[i] / src.dim(i))     # padded where the dim divides unevenly
     return tuple(shape[:i]) + (before.dim(i), local * before.dim(i + 1)) + tuple(shape[i + 1:])
+
+
+def _unsplit(step: Step, i: int) -> Step:
+    """A step taken on the array with dim ``i`` split in two (``_split_shape``), told on
+    the array itself: the split reshapes each shard (a bitcast, row-major), so an
+    all-gather of either part gathers dim ``i``, and its input shard's two parts are that
+    dim's. Every step of a reshard then counts the array's dims, as the layout the next
+    all-gather finds is read from the previous one's dim."""
+    if step.gathered_dim is None:
+        return step
+    d, local = step.gathered_dim, step.local_shape
+    merged = local[:i] + (local[i] * local[i + 1],) + local[i + 2:]
+    return dataclasses.replace(step, gathered_dim=d - (d > i), local_shape=merged)
 
 
 def _shard_shape(shape, counts) -> tuple[int, ...]:
