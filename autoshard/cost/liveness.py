@@ -645,7 +645,23 @@ class Liveness:
             if final not in resident:
                 spans.append((self.value_bytes(body_in), node.id + 1,
                               max(end, last_read[final])))
-        return spans, in_state, held
+        return spans + list(self.state_tables()), in_state, held
+
+    def state_tables(self):
+        """(term, first node, last node) of each loop's state tuple: XLA passes a loop's
+        state as a tuple, a table of one pointer per element (a scan's counter, its
+        carries, constants, xs and ys), held through the loop."""
+        graph, loops, elements = self.graph, self.loops(), {}
+        for node in graph.nodes:
+            if node.kind == "boundary" and node.primitive in LOOP_SEAMS:
+                loop = node.key[:-2]
+                counter = node.primitive in ("loop_xs", "loop_ys")   # a scan's, once
+                count, scan = elements.get(loop, (0, False))
+                elements[loop] = (count + 1, scan or counter)
+        for loop in loops.running():
+            count, scan = elements[loop]
+            num_bytes = np.full(self.group_size(0), float(POINTER_BYTES * (count + scan)))
+            yield GroupTerm(0, num_bytes), loops.starts[loop], loops.ends[loop]
 
     def shared_copy_spans(self, from_args: Sequence[bool], copied: set):
         """(term, first node, last node) of every copy readers share: held from the first
