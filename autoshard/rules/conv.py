@@ -19,6 +19,15 @@ import math
 from autoshard.rules import Einsum, LabelMaker, register
 
 
+def splits_groups(rhs, rhs_spec) -> bool:
+    """Whether XLA's partitioner splits a grouped conv's groups correctly: not where the
+    kernel's window is one element in every spatial dim (a 1x1 grouped conv, such as a
+    grouped conv's kernel gradient over a window of one). Split over groups, XLA:CPU
+    gives such a conv wrong numbers on a mesh with an axis left over (0.93 off,
+    relative), and aborts (``free(): invalid pointer``) with one input feature a group."""
+    return any(rhs[d] > 1 for d in rhs_spec[2:])
+
+
 @register("conv_general_dilated")
 def conv(node, out_shapes) -> Einsum:
     lhs, rhs = node.operand_shapes
@@ -37,7 +46,8 @@ def conv(node, out_shapes) -> Einsum:
     if feature_groups == 1 and batch_groups == 1:
         rhs_t[rhs_spec[0]] = out_t[out_spec[1]] = labels.new(rhs[rhs_spec[0]])
     else:   # groups: the major factor of the grouped dims
-        group = labels.new(max(feature_groups, batch_groups), "g")
+        group = (labels.new(max(feature_groups, batch_groups), "g")
+                 if splits_groups(rhs, rhs_spec) else None)
         grouped_lhs = lhs_spec[1] if feature_groups > 1 else lhs_spec[0]
         lhs_t[grouped_lhs] = rhs_t[rhs_spec[0]] = out_t[out_spec[1]] = group
     if feature_groups == 1:   # the contraction is over whole input features
