@@ -103,6 +103,7 @@ class Liveness:
         self._reductions: dict = {}
         self._uncopied = None
         self._loops = None
+        self._live = self.graph.live_values()   # what jax.jit keeps of the program
 
     def value_bytes(self, value_id: int) -> GroupTerm:
         value = self.graph.values[value_id]
@@ -337,9 +338,14 @@ class Liveness:
         return max(node_id, self.read_at(self.graph.values[value_id], node_id))
 
     def transposed_reads(self) -> list[tuple[int, int, int]]:
-        """(value, node, operand) of the operands XLA copies into another layout first."""
-        return [(node.operands[i], node.id, i) for node in self.graph.nodes
+        """(value, node, operand) of the operands XLA copies into another layout first
+        (not for dead code: ``jax.jit`` drops it)."""
+        return [(node.operands[i], node.id, i) for node in self.graph.nodes if self.runs(node)
                 for i, copied in enumerate(transposed_operands(node)) if copied]
+
+    def runs(self, node) -> bool:
+        """Whether XLA runs the node: some output depends on one of its results."""
+        return any(v in self._live for v in node.outputs)
 
     def reshard_buffers(self, from_args: Sequence[bool], copied: set):
         """(term, first node, last node) of every resharded copy a reader makes (see
@@ -350,7 +356,8 @@ class Liveness:
         buffers are counted as outputs."""
         graph = self.graph
         for value in graph.values:
-            users = [(u, i) for u, i in graph.users[value.id] if graph.nodes[u].kind != "output"]
+            users = [(u, i) for u, i in graph.users[value.id]
+                     if graph.nodes[u].kind != "output" and self.runs(graph.nodes[u])]
             if not users:
                 continue
             starts = self.copy_starts(value.id, from_args)
@@ -399,7 +406,7 @@ class Liveness:
         slice is written out at the node and the full result dies there."""
         points = self.combine_points()
         for node in self.graph.nodes:
-            buffers = self.reduction_buffers(node)
+            buffers = self.reduction_buffers(node) if self.runs(node) else None
             if buffers is None:
                 continue
             g = self.group_of_node[node.id]
@@ -488,7 +495,7 @@ class Liveness:
         terms: list[MemoryTerm] = []
         fixed = []
         resident = set()
-        live = graph.live_values()
+        live = self._live
         for node_id in graph.arg_nodes:
             value_id = graph.nodes[node_id].outputs[0]
             resident.add(value_id)
