@@ -49,6 +49,23 @@ def partitions_fft() -> bool:
     return "c64[1,5]" in text and "c64[2,5]" not in text
 
 
+@functools.cache
+def cpu_contraction_itemsize() -> int:
+    """The bytes per element XLA:CPU runs a bf16 dot at: 4 where it converts the operands
+    to f32 and writes an f32 result (jax 0.10's XLA), 0 where it runs bf16 dots at their
+    own width (jax 0.12's, through YNNPACK). Read from a compiled bf16 dot.
+
+    ``hardware.Backend`` still prices CPU dots at 4 bytes, as 0.10's XLA runs them: the
+    rest of 0.12's habits around narrow dots (where it still converts, what it fuses) are
+    not yet read, and pricing 0 alone put mixed-precision steps further off."""
+    import jax
+
+    dot = jax.jit(jax.numpy.matmul, backend="cpu")
+    narrow = jax.ShapeDtypeStruct((64, 64), jax.numpy.bfloat16)
+    text = dot.lower(narrow, narrow).compile().as_text()
+    return 4 if "f32[64,64]" in text else 0
+
+
 # -- the width a backend moves and stores narrow floats at -----------------------------
 
 def widening(dtype, itemsize: int) -> float:

@@ -14,6 +14,12 @@ from autoshard.hardware import Backend
 from autoshard.hlo_report import hlo_report
 from autoshard.strategies import build_strategies
 from autoshard.trace import trace
+from autoshard.xla import cpu_contraction_itemsize
+
+# XLA:CPU's habits around bf16 dots as jax 0.10's XLA has them (f32 operands, results and
+# roundings); jax 0.12's runs bf16 dots at bf16, which the cost model does not read yet
+CPU_WIDENS_NARROW_DOTS = pytest.mark.skipif(
+    cpu_contraction_itemsize() == 0, reason="this XLA:CPU runs bf16 dots at bf16")
 
 
 def matmul(x, w):
@@ -91,6 +97,7 @@ def mlp_step(params, x):
     return jax.tree.map(lambda p, g: p - 1e-3 * g, params, grads)
 
 
+@CPU_WIDENS_NARROW_DOTS
 @pytest.mark.parametrize("pins", [None, {"x": P("data")},
                                   {"params['w1']": P(None, "data"), "params['w2']": P("data")}])
 def test_cpu_bf16_dots_read_and_write_f32(mesh_1d, pins):
@@ -117,6 +124,7 @@ def scanned_step(ws, x):
     return ws - 1e-3 * jax.grad(scanned_loss)(ws, x)
 
 
+@CPU_WIDENS_NARROW_DOTS
 def test_cpu_stacks_the_residuals_of_bf16_dots_in_f32(mesh_1d):
     # a scanned stack of layers: the forward scan stacks each layer's input for the
     # backward dots, and CPU XLA keeps that stack, and the backward scan's slices of it,
@@ -164,6 +172,7 @@ def row_parallel_costs(mesh, shape) -> tuple[float, float, float]:
     return plan.cost.compute_s, report.compute_s, report.rounding_s
 
 
+@CPU_WIDENS_NARROW_DOTS
 def test_cpu_rounds_a_reshaped_bf16_dot_result_before_reducing_it(mesh_1d):
     # CPU rounds the dot's f32 partial result to bf16 and back before the all-reduce.
     # Next to each other, XLA drops the converts; split by the reshape that unflattens a

@@ -28,6 +28,12 @@ HW = Hardware(flops=1e12, hbm_bandwidth=1e11, memory=16e9,
               link_bandwidth={"x": 1e10, "data": 2e10, "model": 5e10},
               link_latency=LATENCY, default_link_bandwidth=1e9)
 F32 = 4
+from autoshard.xla import cpu_contraction_itemsize
+
+# XLA:CPU's habits around bf16 dots as jax 0.10's XLA has them (f32 operands, results and
+# roundings); jax 0.12's runs bf16 dots at bf16, which the cost model does not read yet
+CPU_WIDENS_NARROW_DOTS = pytest.mark.skipif(
+    cpu_contraction_itemsize() == 0, reason="this XLA:CPU runs bf16 dots at bf16")
 
 
 def _mesh(shape, names):
@@ -409,6 +415,7 @@ def test_report_helpers(mesh8):
         report.flops = 0  # frozen
 
 
+@CPU_WIDENS_NARROW_DOTS
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 def test_rounding_between_a_collective_and_a_dot_is_read_as_such(mesh8, dtype):
     """CPU computes bf16 dots in f32 and rounds each result: the all-reduced partial sum
