@@ -327,11 +327,13 @@ def strategy_results(fn, args, mesh):
     ("kernel_gradient_layout", (8, 4, 2), (4, 4, 1), lax.ConvDimensionNumbers(
         (1, 0, 2), (1, 0, 2), (1, 0, 2))),
     ("window_of_two", (4, 4, 6), (4, 2, 2), ("NCW", "OIW", "NCW")),
+    # a window as large as its input: one output element, a dot too (the fuzzer's seed 501)
+    ("window_as_large_as_its_input", (4, 4, 3), (4, 2, 3), ("NCW", "OIW", "NCW")),
 ])
 def test_every_grouped_conv_strategy_matches_one_device(name, lhs_shape, rhs_shape, numbers):
-    """Split over its groups, a grouped conv whose window is one element came out wrong
-    (0.93 off, relative, on 4x2) or aborted; every strategy the rule offers, on 4x2 and
-    2x2x2, matches one device."""
+    """Split over its groups, a grouped conv that is a dot in every spatial dim (a window
+    of one, or one output element) came out wrong (0.93 off, relative, on 4x2) or
+    aborted; every strategy the rule offers, on 4x2 and 2x2x2, matches one device."""
     rng = np.random.default_rng(0)
     args = (rng.standard_normal(lhs_shape).astype(np.float32),
             rng.standard_normal(rhs_shape).astype(np.float32))

@@ -19,13 +19,14 @@ import math
 from autoshard.rules import Einsum, LabelMaker, register
 
 
-def splits_groups(rhs, rhs_spec) -> bool:
+def splits_groups(rhs, rhs_spec, out, out_spec) -> bool:
     """Whether XLA's partitioner splits a grouped conv's groups correctly: not where the
-    kernel's window is one element in every spatial dim (a 1x1 grouped conv, such as a
-    grouped conv's kernel gradient over a window of one). Split over groups, XLA:CPU
-    gives such a conv wrong numbers on a mesh with an axis left over (0.93 off,
-    relative), and aborts (``free(): invalid pointer``) with one input feature a group."""
-    return any(rhs[d] > 1 for d in rhs_spec[2:])
+    conv is a dot in every spatial dim (a window of one element, or one output element:
+    a 1x1 grouped conv, a grouped conv's kernel gradient over a window of one, a window
+    as large as its input). Split over groups, XLA:CPU gives such a conv wrong numbers
+    on a mesh with an axis left over (0.93 off, relative), and aborts (``free(): invalid
+    pointer``) with one input feature a group."""
+    return any(rhs[r] > 1 and out[o] > 1 for r, o in zip(rhs_spec[2:], out_spec[2:]))
 
 
 @register("conv_general_dilated")
@@ -47,7 +48,7 @@ def conv(node, out_shapes) -> Einsum:
         rhs_t[rhs_spec[0]] = out_t[out_spec[1]] = labels.new(rhs[rhs_spec[0]])
     else:   # groups: the major factor of the grouped dims
         group = (labels.new(max(feature_groups, batch_groups), "g")
-                 if splits_groups(rhs, rhs_spec) else None)
+                 if splits_groups(rhs, rhs_spec, out, out_spec) else None)
         grouped_lhs = lhs_spec[1] if feature_groups > 1 else lhs_spec[0]
         lhs_t[grouped_lhs] = rhs_t[rhs_spec[0]] = out_t[out_spec[1]] = group
     if feature_groups == 1:   # the contraction is over whole input features
