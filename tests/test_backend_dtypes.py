@@ -14,12 +14,7 @@ from autoshard.hardware import Backend
 from autoshard.hlo_report import hlo_report
 from autoshard.strategies import build_strategies
 from autoshard.trace import trace
-from autoshard.xla import cpu_contraction_itemsize
-
-# XLA:CPU's habits around bf16 dots as jax 0.10's XLA has them (f32 operands, results and
-# roundings); jax 0.12's runs bf16 dots at bf16, which the cost model does not read yet
-CPU_WIDENS_NARROW_DOTS = pytest.mark.skipif(
-    cpu_contraction_itemsize() == 0, reason="this XLA:CPU runs bf16 dots at bf16")
+from xla_habits import CPU_WIDENS_NARROW_DOTS
 
 
 def matmul(x, w):

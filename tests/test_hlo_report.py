@@ -21,6 +21,7 @@ from autoshard.hardware import (Hardware, all_gather_seconds, all_reduce_seconds
                                 reduce_scatter_seconds)
 from autoshard.hlo_report import (Report, _bytes, hlo_report, parse_hlo,
                                   parse_replica_groups, report_from_hlo_text)
+from xla_habits import CPU_WIDENS_NARROW_DOTS
 
 HLO = pathlib.Path(__file__).parent / "hlo"
 LATENCY = 1e-6
@@ -28,12 +29,6 @@ HW = Hardware(flops=1e12, hbm_bandwidth=1e11, memory=16e9,
               link_bandwidth={"x": 1e10, "data": 2e10, "model": 5e10},
               link_latency=LATENCY, default_link_bandwidth=1e9)
 F32 = 4
-from autoshard.xla import cpu_contraction_itemsize
-
-# XLA:CPU's habits around bf16 dots as jax 0.10's XLA has them (f32 operands, results and
-# roundings); jax 0.12's runs bf16 dots at bf16, which the cost model does not read yet
-CPU_WIDENS_NARROW_DOTS = pytest.mark.skipif(
-    cpu_contraction_itemsize() == 0, reason="this XLA:CPU runs bf16 dots at bf16")
 
 
 def _mesh(shape, names):

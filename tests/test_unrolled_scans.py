@@ -12,12 +12,9 @@ from autoshard.hlo_report import hlo_report
 from autoshard.strategies import build_strategies
 from autoshard.trace import build_graph, trace_program
 from autoshard.units import axis_sizes
-from autoshard.xla import cpu_contraction_itemsize, hoisted_runs
+from autoshard.xla import hoisted_runs
+from xla_habits import CPU_WIDENS_NARROW_DOTS
 
-# XLA:CPU's f32 copies of bf16 layers for its dots, as jax 0.10's XLA makes them; jax
-# 0.12's runs bf16 dots at bf16, which the cost model does not read yet
-CPU_WIDENS_NARROW_DOTS = pytest.mark.skipif(
-    cpu_contraction_itemsize() == 0, reason="this XLA:CPU runs bf16 dots at bf16")
 
 F32 = jnp.float32
 ARGS = (jax.ShapeDtypeStruct((256, 4, 512), F32), jax.ShapeDtypeStruct((4, 256, 512), F32),
