@@ -667,6 +667,7 @@ class Outcome:
     kind: str            # "ok", "infeasible", "refused", "crash", "wrong", "over_budget"
     detail: str = ""
     splits: bool = False   # the plan splits some value over a mesh axis
+    overrun: float = 0.0   # over_budget: compiled allocation / budget - 1
 
     @property
     def failed(self) -> bool:
@@ -745,7 +746,8 @@ def within_budget(plan, budget: float, live_bytes: int, allocated_bytes: int) ->
         return Outcome("ok")
     return Outcome("over_budget", f"compiled {allocated_bytes} B allocated ({live_bytes} B "
                    f"live at the peak) over the budget of {budget:.0f} B; the plan "
-                   f"predicted {plan.cost.memory_bytes:.0f} B")
+                   f"predicted {plan.cost.memory_bytes:.0f} B",
+                   overrun=allocated_bytes / budget - 1)
 
 
 def whole_program_bytes(fn, args) -> float:
