@@ -6,19 +6,18 @@
     step = plan.jit(donate_argnums=(0, 1))
 """
 
-from autoshard import _zoo_path  # noqa: F401  (installs the zoo finder)
-from autoshard.target import allow_deviceless_cuda, target_mesh
+from autoshard.target.deviceless import allow_deviceless_cuda, target_mesh
 
 allow_deviceless_cuda()   # before JAX's backend starts: GPU targets compile on any machine
 
-from autoshard.accumulate import value_and_grad
-from autoshard.api import AutoSharded, auto_shard, plan
+from autoshard.rewrite.accumulate import value_and_grad
+from autoshard.planning.api import AutoSharded, auto_shard, plan
 from autoshard.errors import (AutoshardError, HardwareError, InputError, LaunchError,
                               MemoryBudgetError, MeshError, OptionError, PathError, PinError,
                               PlanError, TraceError)
-from autoshard.hardware import H100, Hardware
-from autoshard.mesh import make_mesh
-from autoshard.plan import Plan, PlanCost
+from autoshard.target.hardware import H100, Hardware
+from autoshard.target.mesh import make_mesh
+from autoshard.planning.plan import Plan, PlanCost
 
 __all__ = ["AutoSharded", "AutoshardError", "H100", "Hardware", "HardwareError", "InputError",
            "LaunchError", "MemoryBudgetError", "MeshError", "OptionError", "PathError", "PinError",

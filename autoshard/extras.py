@@ -1,8 +1,8 @@
 """Optional parts of autoshard and the pip extras that install them.
 
-    pip install "autoshard[zoo]"         # flax, optax: autoshard.models and `autoshard zoo`
-    pip install "autoshard[checkpoint]"  # orbax: autoshard.checkpoint
-    pip install "autoshard[viz]"         # matplotlib: plots in autoshard.viz
+    pip install "autoshard[zoo]"         # flax, optax: autoshard.zoo.models and `autoshard zoo`
+    pip install "autoshard[checkpoint]"  # orbax: autoshard.runtime.checkpoint
+    pip install "autoshard[viz]"         # matplotlib: plots in autoshard.report.viz
     pip install "autoshard[cuda]"        # JAX's CUDA 12 build
 
 Planning itself needs only jax, numpy, scipy and rich.
@@ -22,8 +22,8 @@ def require(module_name: str, extra: str, part: str) -> None:
 
     Example::
 
-        require("flax", "zoo", "autoshard.models")
-        # MissingExtraError: autoshard.models needs flax: pip install "autoshard[zoo]"
+        require("flax", "zoo", "autoshard.zoo.models")
+        # MissingExtraError: autoshard.zoo.models needs flax: pip install "autoshard[zoo]"
     """
     try:
         found = importlib.util.find_spec(module_name) is not None

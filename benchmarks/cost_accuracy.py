@@ -2,7 +2,7 @@
 
 For each program and mesh: every expert layout (data parallel, FSDP, Megatron, FSDP x TP,
 expert parallel, ZeRO-1) and ``--random`` random partial pins, each planned with its pins
-(the solver fills in the rest), compiled, and read with ``autoshard.hlo_report`` under the
+(the solver fills in the rest), compiled, and read with ``autoshard.report.hlo_report`` under the
 same Hardware (an H100 node; on 8x2 the first axis crosses nodes, as in plan_quality.py).
 Prints predicted vs compiled step time per plan, then per program and mesh the median and
 worst |predicted / compiled - 1| and the Spearman rank correlation, and for the worst
@@ -30,8 +30,9 @@ import numpy as np  # noqa: E402
 from scipy import stats  # noqa: E402
 
 import autoshard  # noqa: E402
-from autoshard import experts, models, specs  # noqa: E402
-from autoshard.hlo_report import hlo_report  # noqa: E402
+from autoshard.frontend import specs  # noqa: E402
+from autoshard.zoo import experts, models
+from autoshard.report.hlo_report import hlo_report  # noqa: E402
 from autoshard.units import axis_sizes  # noqa: E402
 from autoshard.testing import plain  # noqa: E402
 

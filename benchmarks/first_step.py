@@ -8,7 +8,7 @@ For 12, 24 and 48 layers of the zoo's GPT (d_model 2048, 16 heads, d_ff 8192, vo
   shardings   compiling jax.jit(train_step) with the plan's specs as in/out shardings only
   expert      tracing, lowering and compiling each expert plan (data parallel, FSDP,
               Megatron, FSDP x TP); the best is the one whose compiled step
-              autoshard.hlo_report prices fastest
+              autoshard.report.hlo_report prices fastest
 
 and the ratio (plan + lower + compile) / (best expert's lower + compile), the target
 being <= 1.10 at 24 and 48 layers. XLA compiles one program slower the later it comes in
@@ -23,7 +23,7 @@ shared machine wall seconds stretch with the load; the CPU seconds of this proce
 (the ``cpu`` columns) stretch far less, and ``--split`` prints them for every part beside
 the planner's stages (JAX's make_jaxpr; graph, strategies and costs; coarsening; solving).
 Beside it, the compiled step time of the auto plan with the constraints pruned and with
-a constraint on every result (--compare-all), priced by autoshard.hlo_report: pruning must
+a constraint on every result (--compare-all), priced by autoshard.report.hlo_report: pruning must
 not change it. Each figure is the fastest of --repeat runs.
 
 ``--pin-experts fsdp,data_parallel`` also plans with every argument pinned to an expert's
@@ -45,10 +45,10 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
 import jax  # noqa: E402
 
 import autoshard  # noqa: E402
-from autoshard import experts  # noqa: E402
+from autoshard.zoo import experts  # noqa: E402
 from autoshard.cost import forget_prices  # noqa: E402
-from autoshard.hlo_report import hlo_report  # noqa: E402
-from autoshard.models import gpt  # noqa: E402
+from autoshard.report.hlo_report import hlo_report  # noqa: E402
+from autoshard.zoo.models import gpt  # noqa: E402
 
 HARDWARE = autoshard.H100
 
@@ -98,7 +98,7 @@ def shardings_only(case, plan):
 
 def every_result_constrained(plan, case):
     """The same plan with a constraint on every result (apply without pruning)."""
-    from autoshard.apply import constraining_every_result
+    from autoshard.rewrite.apply import constraining_every_result
     with constraining_every_result():
         return plan_case(case, plan.mesh)
 
@@ -254,7 +254,7 @@ def main():
         print_row(rows[-1], args.compare_all)
     print("lower: trace + lower; ratio: (plan + lower + compile) / best expert's (lower + "
           "compile), in wall and CPU seconds; floor: the ratio with planning free; ms: "
-          "compiled step time (autoshard.hlo_report); wsc: with_sharding_constraints in the "
+          "compiled step time (autoshard.report.hlo_report); wsc: with_sharding_constraints in the "
           "auto program" + ("; *: a constraint on every result" if args.compare_all else ""))
     if args.split:
         print_split(rows)

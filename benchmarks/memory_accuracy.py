@@ -28,7 +28,7 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
 import numpy as np  # noqa: E402
 
 import autoshard  # noqa: E402
-from autoshard.hlo_report import buffer_bytes  # noqa: E402
+from autoshard.report.hlo_report import buffer_bytes  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cost_accuracy import PROGRAMS, by_program_and_mesh  # noqa: E402

@@ -4,7 +4,7 @@ Part 1 (``--part gpt``): a GPT train step (scanned layers, Adam, bf16) on 16 sim
 devices as two nodes, mesh 2x8 whose first axis crosses nodes (4e10 B/s against 3.6e11
 inside a node). The auto plan with a pipeline allowed (``pipeline="auto"``,
 ``microbatches="auto"``) is compiled beside every expert plan (data parallel, FSDP,
-Megatron, FSDP x TP) and each compiled program is priced by ``autoshard.hlo_report`` with
+Megatron, FSDP x TP) and each compiled program is priced by ``autoshard.report.hlo_report`` with
 the same hardware, beside the pipelines over 'data' with the GPipe schedule (each
 microbatch whole inside the stages, and split over 'model' there, each forced) and with
 the circular one forced (V = 2, 4 repeats; M chosen). It prints the compute-only bound, the
@@ -40,9 +40,9 @@ def hardware(autoshard):
 
 def gpt_part(args) -> None:
     import autoshard
-    from autoshard import experts
-    from autoshard.hlo_report import hlo_report
-    from autoshard.models import gpt
+    from autoshard.zoo import experts
+    from autoshard.report.hlo_report import hlo_report
+    from autoshard.zoo.models import gpt
 
     cfg = gpt.GPTConfig(vocab=32000, seq=args.seq, d_model=args.d_model, heads=16,
                         layers=args.layers, d_ff=4 * args.d_model, batch=args.batch,
@@ -138,7 +138,7 @@ def describe_split(plan) -> str:
 def forced_split(planned, replica_axes: tuple):
     """The pipeline over 'data' whose microbatches split over ``replica_axes`` inside the
     stages (``()``: whole), the search narrowed to that split."""
-    from autoshard import settings
+    from autoshard.planning import settings
     weighed = settings.replica_splits
     settings.replica_splits = lambda axis, sizes: [replica_axes]
     try:
@@ -210,7 +210,7 @@ def where_time_goes(report, pipelining, hw) -> None:
 
 def llama_part(args) -> None:
     import autoshard
-    from autoshard.models import gpt
+    from autoshard.zoo.models import gpt
 
     cfg = gpt.GPTConfig(vocab=128256, seq=2048, d_model=8192, heads=64, layers=80,
                         d_ff=28672, batch=64, dtype="bfloat16", lr=3e-4, scan_layers=True)

@@ -2,7 +2,7 @@
 
 For each case and mesh, compiles the auto plan and every expert plan with the same
 Hardware (an H100 node; on the 8x2 mesh the first axis crosses nodes and gets the
-inter-node bandwidth), prices each compiled program with ``autoshard.hlo_report`` and prints
+inter-node bandwidth), prices each compiled program with ``autoshard.report.hlo_report`` and prints
 one table: step time, compute, communication, memory per device, feasible under the
 budget, and auto / best feasible expert (INFEASIBLE when auto's compiled memory breaks the
 budget; an expert XLA fails to compile is a FAILED row), then their geometric mean. A
@@ -41,9 +41,9 @@ import jax  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 import autoshard  # noqa: E402
-from autoshard import experts, models  # noqa: E402
+from autoshard.zoo import experts, models  # noqa: E402
 from autoshard.errors import MemoryBudgetError  # noqa: E402
-from autoshard.hlo_report import hlo_report  # noqa: E402
+from autoshard.report.hlo_report import hlo_report  # noqa: E402
 from autoshard.testing import plain, programs  # noqa: E402
 
 NVLINK = 3.6e11        # bytes/s per device inside a node

@@ -12,7 +12,7 @@ planner's own share, and the floor that JAX's tracing alone sets on the 48 / 12 
 (the 12-layer time plus the growth of make_jaxpr from 12 to 48 layers).
 
 With --quality, the 12-layer unrolled plan with reuse is judged against the plan
-without it by their compiled programs (autoshard.hlo_report, as in plan_quality.py).
+without it by their compiled programs (autoshard.report.hlo_report, as in plan_quality.py).
 
 Run: python benchmarks/plan_time.py [--layers 12,24,48,96] [--variants unrolled,scanned]
                                     [--repeat 3] [--quality]
@@ -26,8 +26,8 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8").strip()
 
 import autoshard  # noqa: E402
-from autoshard import cache  # noqa: E402
-from autoshard.hlo_report import hlo_report  # noqa: E402
+from autoshard.planning import cache  # noqa: E402
+from autoshard.report.hlo_report import hlo_report  # noqa: E402
 from autoshard.testing import programs  # noqa: E402
 
 D_MODEL = 2048

@@ -28,7 +28,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import autoshard  # noqa: E402
-from autoshard import cli, specs  # noqa: E402
+from autoshard.frontend import specs  # noqa: E402
+from autoshard.runtime import cli
 from autoshard.cost import reshard_collectives  # noqa: E402
 from autoshard.testing.reshards import compiled_reshard  # noqa: E402
 

@@ -4,7 +4,7 @@ their compiled programs.
 For each model and mesh: the replicated-fallback warnings planning raised (none expected),
 the largest difference between the plan's step and one device's, and the step time per
 device of the auto plan, of data parallel and (depthwise model) of the channel-split
-layout, each compiled and priced by ``autoshard.hlo_report`` with the H100 numbers.
+layout, each compiled and priced by ``autoshard.report.hlo_report`` with the H100 numbers.
 
 Models: ``dropout_mlp`` (flax linen, two Dense + Dropout layers, optax adamw),
 ``pool_cnn`` (flax linen: conv, max pool, depthwise conv, 1x1 conv, average pool, dropout,
@@ -30,8 +30,8 @@ import optax  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 import autoshard  # noqa: E402
-from autoshard.hardware import H100  # noqa: E402
-from autoshard.hlo_report import hlo_report  # noqa: E402
+from autoshard.target.hardware import H100  # noqa: E402
+from autoshard.report.hlo_report import hlo_report  # noqa: E402
 
 MESHES = {"8": ((8,), ("data",)), "2x4": ((2, 4), ("data", "model"))}
 

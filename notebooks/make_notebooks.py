@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import autoshard
-from autoshard import judge, viz
+from autoshard.report import judge, viz
 
 print(jax.devices())'''
 
@@ -346,7 +346,7 @@ ZOO = [
     md('''
 # The model zoo: automatic against expert plans
 
-Every model of `autoshard.models` at its `tiny` size, planned automatically and compared
+Every model of `autoshard.zoo.models` at its `tiny` size, planned automatically and compared
 with the expert plans that come with it (data parallel, FSDP, Megatron tensor parallel,
 FSDP×TP, expert parallel for the MoE). Each plan is judged by its compiled program: XLA's
 partitioned HLO priced with one hardware model, and XLA's memory analysis.
@@ -355,7 +355,7 @@ partitioned HLO priced with one hardware model, and XLA's memory analysis.
     code('''
 import time
 
-from autoshard import experts, models
+from autoshard.zoo import experts, models
 
 mesh = autoshard.make_mesh((2, 4), ("data", "model"))
 hw = autoshard.H100

@@ -1,11 +1,11 @@
 """A small multi-process training run for the distributed and checkpoint tests.
 
-Runs alone or under ``python -m autoshard.launch``; plans the tiny LM train step of
+Runs alone or under ``python -m autoshard.runtime.launch``; plans the tiny LM train step of
 ``autoshard.testing.programs.transformer_train_step`` on the given mesh, trains, and
 checkpoints every K steps. Process 0 writes a JSON result (losses by step, the step
 indices consumed, the step it resumed from).
 
-    python -m autoshard.launch -n 2 --devices-per-process 4 -- \
+    python -m autoshard.runtime.launch -n 2 --devices-per-process 4 -- \
         python tests/distributed_driver.py --mesh 2x4 --steps 10 --out result.json
 """
 
@@ -16,7 +16,7 @@ import json
 import os
 import sys
 
-from autoshard import distributed
+from autoshard.runtime import distributed
 
 
 def parse_args(argv=None):
@@ -76,7 +76,7 @@ def make_case(model: str, batch: int):
 
 def zoo_case(model: str, batch: int):
     """A tiny zoo model; ``batch`` rows of the zoo's deterministic batch of each step."""
-    from autoshard import models
+    from autoshard.zoo import models
     case = models.train_case(model, "tiny")
 
     def make_batch(step: int):
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     info = distributed.initialize()
     import jax
-    from autoshard.checkpoint import Checkpointer, abstract_state
+    from autoshard.runtime.checkpoint import Checkpointer, abstract_state
 
     batch = args.batch
     if args.batch_for_process:

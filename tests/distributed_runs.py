@@ -67,7 +67,7 @@ def run_driver(directory: str, args: list[str], *, num_processes: int = 1,
         env["AUTOSHARD_DEVICES_PER_PROCESS"] = str(devices_per_process)
         command = driver
     else:
-        command = [sys.executable, "-m", "autoshard.launch", "-n", str(num_processes),
+        command = [sys.executable, "-m", "autoshard.runtime.launch", "-n", str(num_processes),
                    "--devices-per-process", str(devices_per_process),
                    "--timeout", str(timeout_s - 20), "--", *driver]
     proc = subprocess.run(command, env=env, cwd=ROOT, stdout=subprocess.PIPE,

@@ -11,9 +11,10 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import autoshard
-from autoshard import cli, models
-from autoshard.apply import collection_paused, constraining_every_result
-from autoshard.hlo_report import hlo_report
+from autoshard.runtime import cli
+from autoshard.zoo import models
+from autoshard.rewrite.apply import collection_paused, constraining_every_result
+from autoshard.report.hlo_report import hlo_report
 
 
 def constraint_count(plan) -> int:
@@ -86,7 +87,7 @@ def test_tracing_the_plan_pauses_the_collector(mesh_2d, monkeypatch):
 
     assert gc.isenabled()
     paused = collections()
-    monkeypatch.setattr(autoshard.apply, "collection_paused", contextlib.nullcontext)
+    monkeypatch.setattr(autoshard.rewrite.apply, "collection_paused", contextlib.nullcontext)
     assert paused < collections() / 2   # the re-interpreted equations run paused
 
 
@@ -108,15 +109,15 @@ def constraints(jaxpr) -> list:
 
 
 def rewritten(fn, decisions, mesh, *dims):
-    from autoshard.apply import rewrite
-    from autoshard.trace import trace
+    from autoshard.rewrite.apply import rewrite
+    from autoshard.frontend.trace import trace
     avals = [jax.ShapeDtypeStruct(d, jnp.float32) for d in dims]
     closed = trace(fn, *avals).closed_jaxpr
     return jax.make_jaxpr(rewrite(closed, decisions, mesh))(*avals).jaxpr
 
 
 def test_a_decision_constrains_where_its_key_says(mesh_1d):
-    from autoshard.apply import Decision
+    from autoshard.rewrite.apply import Decision
     split = (("data",),)
     fn = lambda x: jnp.cos(jnp.sin(x))                                     # noqa: E731
     # no decisions: the program as written
@@ -133,7 +134,7 @@ def test_a_decision_constrains_where_its_key_says(mesh_1d):
 
 
 def test_a_carry_seam_constrains_the_loop_at_each_crossing(mesh_1d):
-    from autoshard.apply import Decision
+    from autoshard.rewrite.apply import Decision
 
     def fn(c, xs):
         return jax.lax.scan(lambda c, x: (jnp.sin(c) + x, None), c, xs)[0]
@@ -155,14 +156,14 @@ def test_a_dynamic_slice_at_a_traced_start_is_kept_apart(mesh_1d):
 # -- the rewrite written as a jaxpr ----------------------------------------------------------
 
 def written(fn, decisions, mesh, *dims):
-    from autoshard.apply import JaxprWriter
-    from autoshard.trace import trace
+    from autoshard.rewrite.apply import JaxprWriter
+    from autoshard.frontend.trace import trace
     avals = [jax.ShapeDtypeStruct(d, jnp.float32) for d in dims]
     return JaxprWriter(decisions, mesh).write(trace(fn, *avals).closed_jaxpr).jaxpr
 
 
 def test_the_written_rewrite_holds_the_interpreted_ones_equations(mesh_1d):
-    from autoshard.apply import Decision
+    from autoshard.rewrite.apply import Decision
     split = (("data",),)
 
     @jax.jit
@@ -183,8 +184,8 @@ def test_the_written_rewrite_holds_the_interpreted_ones_equations(mesh_1d):
 
 
 def test_a_loop_is_left_to_the_interpreter(mesh_1d):
-    from autoshard.apply import Decision, JaxprWriter, Unwritten, rewritten_function
-    from autoshard.trace import trace
+    from autoshard.rewrite.apply import Decision, JaxprWriter, Unwritten, rewritten_function
+    from autoshard.frontend.trace import trace
 
     def fn(c, xs):
         return jax.lax.scan(lambda c, x: (jnp.sin(c) + x, None), c, xs)[0]
@@ -218,7 +219,7 @@ def test_the_written_rewrite_compiles_to_the_interpreted_program(mesh_2d, monkey
     traced = plan.jit(case.donate_argnums).trace(*args).jaxpr.jaxpr
     assert [e.primitive.name for e in traced.eqns] == ["jit"]
     written = compiled_text()
-    monkeypatch.setattr(autoshard.apply, "rewritten_function", autoshard.apply.rewrite)
+    monkeypatch.setattr(autoshard.rewrite.apply, "rewritten_function", autoshard.rewrite.apply.rewrite)
     assert written == compiled_text()
     want = jax.device_get(plan.jit(())(*case.args))
     monkeypatch.undo()

@@ -10,10 +10,10 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import autoshard
-from autoshard.hardware import Backend
-from autoshard.hlo_report import hlo_report
-from autoshard.strategies import build_strategies
-from autoshard.trace import trace
+from autoshard.target.hardware import Backend
+from autoshard.report.hlo_report import hlo_report
+from autoshard.cost.strategies import build_strategies
+from autoshard.frontend.trace import trace
 from xla_habits import CPU_WIDENS_NARROW_DOTS
 
 

@@ -12,7 +12,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import autoshard
-from autoshard.checkpoint import CheckpointError, Checkpointer, abstract_state, latest_step
+from autoshard.runtime.checkpoint import CheckpointError, Checkpointer, abstract_state, latest_step
 
 import distributed_runs as runs
 
@@ -108,7 +108,7 @@ def test_crash_during_save_leaves_the_previous_checkpoint_latest(tmp_path):
     assert os.listdir(os.path.join(ckpt_dir, partial[0]))
     assert latest_step(ckpt_dir) == 5
 
-    from autoshard import models
+    from autoshard.zoo import models
     state = models.train_case("gpt", "tiny").state
     mesh = autoshard.make_mesh((8,), ("data",))
     with Checkpointer(ckpt_dir) as ckpt:       # opening it clears the partial save
@@ -125,7 +125,8 @@ def test_crash_during_save_leaves_the_previous_checkpoint_latest(tmp_path):
 
 
 def test_train_run_checkpoints_and_resumes(tmp_path):
-    from autoshard import models, train
+    from autoshard.runtime import train
+    from autoshard.zoo import models
     case = models.train_case("mlp", "tiny")
     step_fn = jax.jit(case.train_step)
     full = train.run(case, step_fn, case.state, steps=6, log=None)

@@ -7,12 +7,12 @@ import sys
 
 import pytest
 
-from autoshard import cli
+from autoshard.runtime import cli
 
 
 def autoshard(*args, timeout=600):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    return subprocess.run([sys.executable, "-m", "autoshard.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "autoshard.runtime.cli", *args], capture_output=True,
                           text=True, timeout=timeout, env=env)
 
 
@@ -120,7 +120,7 @@ def test_launch_needs_a_command():
 
 @pytest.mark.slow
 def test_launch_zoo_two_processes():
-    zoo = [sys.executable, "-m", "autoshard.cli", "zoo", "gpt", "--size", "tiny",
+    zoo = [sys.executable, "-m", "autoshard.runtime.cli", "zoo", "gpt", "--size", "tiny",
            "--mesh", "2x4", "--steps", "3"]
     result = autoshard("launch", "-n", "2", "--", *zoo)        # devices: the mesh's 8 / 2
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
@@ -176,12 +176,12 @@ def test_full_flag_lists_every_array():
 
 
 def test_launch_sizes_devices_from_the_zoo_mesh():
-    from autoshard import launch
+    from autoshard.runtime import launch
     zoo = ["autoshard", "zoo", "gpt", "--size", "tiny"]
     assert launch.default_devices_per_process(zoo + ["--mesh", "2x4"], 2)[0] == 4
     assert launch.default_devices_per_process(zoo + ["--mesh=16"], 4)[0] == 4
     assert launch.default_devices_per_process(zoo, 2)[0] == 4             # zoo's default 2x4
-    python_m = [sys.executable, "-m", "autoshard.cli", "zoo", "mlp", "--mesh", "3x3"]
+    python_m = [sys.executable, "-m", "autoshard.runtime.cli", "zoo", "mlp", "--mesh", "3x3"]
     assert launch.default_devices_per_process(python_m, 3)[0] == 3
     count, note = launch.default_devices_per_process(python_m, 2)
     assert count is None and "--devices-per-process" in note and "\n" not in note
@@ -190,7 +190,7 @@ def test_launch_sizes_devices_from_the_zoo_mesh():
 
 
 def test_missing_extra_is_one_line():
-    code = ("import sys; sys.modules['flax'] = None; from autoshard.cli import main; "
+    code = ("import sys; sys.modules['flax'] = None; from autoshard.runtime.cli import main; "
             "sys.exit(main(['zoo', 'gpt', '--steps', '0']))")
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

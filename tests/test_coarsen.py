@@ -16,11 +16,13 @@ import numpy as np
 import pytest
 
 import autoshard
-from autoshard import cache as plan_cache
-from autoshard import coarsen, models, progress
-from autoshard.request import (CopyTerm, GroupTerm, LiveRows, PairTerm, Request,
+from autoshard.planning import cache as plan_cache
+from autoshard.planning import progress
+from autoshard.solver import coarsen
+from autoshard.zoo import models
+from autoshard.solver.request import (CopyTerm, GroupTerm, LiveRows, PairTerm, Request,
                                SharedEdgeCost, evaluate)
-from autoshard.solve import solve
+from autoshard.solver.solve import solve
 from autoshard.testing import programs
 from autoshard.testing.requests import brute_force
 

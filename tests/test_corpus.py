@@ -21,7 +21,7 @@ import pytest  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 
 import autoshard  # noqa: E402
-from autoshard.hlo_report import hlo_report  # noqa: E402
+from autoshard.report.hlo_report import hlo_report  # noqa: E402
 
 eqx = pytest.importorskip("equinox")
 

@@ -16,13 +16,13 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import autoshard
-from autoshard import specs
+from autoshard.frontend import specs
 from autoshard.cost import build_cost_graph, reshard_collectives, reshard_seconds
-from autoshard.hlo_report import hlo_report
-from autoshard.strategies import build_strategies
-from autoshard.hardware import Hardware
+from autoshard.report.hlo_report import hlo_report
+from autoshard.cost.strategies import build_strategies
+from autoshard.target.hardware import Hardware
 from autoshard.testing.reshards import compiled_reshard
-from autoshard.trace import trace
+from autoshard.frontend.trace import trace
 
 HW = Hardware(flops=1e12, hbm_bandwidth=1e11, memory=1e9,
               link_bandwidth={"a": 1e10, "b": 4e10}, link_latency=1e-6)

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from autoshard import distributed, launch
+from autoshard.runtime import distributed, launch
 
 import distributed_runs as runs
 
@@ -61,7 +61,7 @@ def test_launch_stops_the_others_when_one_fails():
 
 def test_launch_module_entry_point():
     proc = subprocess.run(
-        [sys.executable, "-m", "autoshard.launch", "-n", "2", "--", sys.executable, "-c",
+        [sys.executable, "-m", "autoshard.runtime.launch", "-n", "2", "--", sys.executable, "-c",
          "import os; print(os.environ['AUTOSHARD_PROCESS_ID'])"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60,
         env=runs.child_env(), cwd=runs.ROOT)

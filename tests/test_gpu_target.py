@@ -14,11 +14,11 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import autoshard
-from autoshard import hardware, target
+from autoshard.target import hardware, deviceless
 from autoshard.errors import MeshError
-from autoshard.hlo_report import hlo_report
+from autoshard.report.hlo_report import hlo_report
 
-needs_plugin = pytest.mark.skipif(not target.cuda_plugin_installed(),
+needs_plugin = pytest.mark.skipif(not deviceless.cuda_plugin_installed(),
                                   reason='GPU targets need JAX\'s CUDA plugin: '
                                          'pip install "autoshard[cuda]"')
 
@@ -39,14 +39,14 @@ def mlp_args(batch=512, d=1024, hidden=4096, dtype=jnp.bfloat16):
 
 def test_unknown_kind_names_the_known_ones():
     with pytest.raises(MeshError, match="no target config for GPU kind 'tpu9'.*h100"):
-        target.target_config("tpu9")
+        deviceless.target_config("tpu9")
 
 
 def test_meshes_fill_whole_hosts():
-    assert target.topology_name(4, 8) == "1x1x4"
-    assert target.topology_name(16, 8) == "1x2x8"
+    assert deviceless.topology_name(4, 8) == "1x1x4"
+    assert deviceless.topology_name(16, 8) == "1x2x8"
     with pytest.raises(MeshError, match="12 GPUs do not fill hosts of 8"):
-        target.topology_name(12, 8)
+        deviceless.topology_name(12, 8)
 
 
 def test_a_missing_plugin_names_the_extra(monkeypatch):
@@ -60,12 +60,12 @@ def test_a_missing_plugin_names_the_extra(monkeypatch):
 
 
 def test_every_target_kind_has_a_hardware_profile():
-    for kind in target.target_kinds():
+    for kind in deviceless.target_kinds():
         assert hardware.device_kind_hardware(kind) is not None, kind
 
 
 @needs_plugin
-@pytest.mark.parametrize("kind", target.target_kinds())
+@pytest.mark.parametrize("kind", deviceless.target_kinds())
 def test_each_kind_compiles_and_plans_with_its_profile(kind):
     mesh = autoshard.target_mesh(kind, (8,), ("data",))
     device = mesh.devices.flat[0]
@@ -120,7 +120,7 @@ def test_report_memory_is_xla_gpu_buffer_assignment():
 @needs_plugin
 @pytest.mark.slow
 def test_zoo_compiles_for_h100s_without_one(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "autoshard.cli", "zoo", "gpt", "--size", "tiny",
+    out = subprocess.run([sys.executable, "-m", "autoshard.runtime.cli", "zoo", "gpt", "--size", "tiny",
                           "--target", "h100", "--mesh", "2x8"],
                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]

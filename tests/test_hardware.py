@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import autoshard
-from autoshard import hardware
-from autoshard.hardware import H100, default_hardware, device_kind_hardware
+from autoshard.target import hardware
+from autoshard.target.hardware import H100, default_hardware, device_kind_hardware
 
 
 @pytest.mark.parametrize("kind,memory", [

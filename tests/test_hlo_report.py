@@ -1,4 +1,4 @@
-"""autoshard.hlo_report: the compiled program, priced.
+"""autoshard.report.hlo_report: the compiled program, priced.
 
 Snippets under tests/hlo/ are real CPU ``compiled.as_text()`` output of this jax version
 (explicit_groups, iota_groups, cpu_reduce_scatter, convolution: lightly edited) or
@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-from autoshard.hardware import (Hardware, all_gather_seconds, all_reduce_seconds,
+from autoshard.target.hardware import (Hardware, all_gather_seconds, all_reduce_seconds,
                                 all_to_all_seconds, collective_permute_seconds,
                                 reduce_scatter_seconds)
-from autoshard.hlo_report import (Report, _bytes, hlo_report, parse_hlo,
+from autoshard.report.hlo_report import (Report, _bytes, hlo_report, parse_hlo,
                                   parse_replica_groups, report_from_hlo_text)
 from xla_habits import CPU_WIDENS_NARROW_DOTS
 
@@ -448,14 +448,3 @@ def test_partition_ids_follow_mesh_device_order():
     (ar,) = _snippet("explicit_groups.hlo", mesh).collectives
     assert ar.axes == ("data",)
 
-
-def test_the_old_module_name_warns_and_gives_the_same_functions():
-    import importlib
-    import sys
-
-    import autoshard.hlo_report as hlo
-    sys.modules.pop("autoshard.inspect", None)
-    with pytest.warns(DeprecationWarning, match="autoshard.hlo_report"):
-        old = importlib.import_module("autoshard.inspect")
-    assert old.inspect is hlo.hlo_report and old.Report is hlo.Report
-    assert old.Collective is hlo.CompiledCollective

@@ -15,8 +15,8 @@ PACKAGE = ROOT / "autoshard"
 # Imports made when a function runs that point back up the layers, each for a reason. Each
 # closes a cycle of two: the target imports the source and nothing that leads back to it.
 UPWARD = {
-    ("autoshard.plan", "autoshard.viz"): "Plan.summary / explain / diff hand over to viz",
-    ("autoshard.hardware", "autoshard.validate"): "Hardware checks its own fields",
+    ("autoshard.planning.plan", "autoshard.report.viz"): "Plan.summary / explain / diff hand over to viz",
+    ("autoshard.target.hardware", "autoshard.frontend.validate"): "Hardware checks its own fields",
 }
 
 

@@ -9,10 +9,11 @@ import jax.numpy as jnp
 import pytest
 
 import autoshard
-from autoshard import interpret, models
-from autoshard.apply import Rewriter
+from autoshard.frontend import interpret
+from autoshard.zoo import models
+from autoshard.rewrite.apply import Rewriter
 from autoshard.testing import fuzz
-from autoshard.trace import trace
+from autoshard.frontend.trace import trace
 
 
 class RecordingRewriter(Rewriter):
@@ -121,7 +122,8 @@ def test_zoo_keys(name, mesh_2d):
 
 
 def test_interpreters_cover_the_same_control_flow():
-    from autoshard import apply, trace as trace_module
+    from autoshard.frontend import trace as trace_module
+    from autoshard.rewrite import apply
     assert set(apply.CONTROL_FLOW_RULES) == set(trace_module.CONTROL_FLOW_RULES) \
         == set(interpret.CONTROL_FLOW)
     assert set(interpret.REMAT) <= set(interpret.INLINED)

@@ -24,18 +24,19 @@ import pytest
 from scipy import optimize
 
 import autoshard
-from autoshard import models, specs
-from autoshard.coarsen import coarsen, drop_dominated
+from autoshard.frontend import specs
+from autoshard.zoo import models
+from autoshard.solver.coarsen import coarsen, drop_dominated
 from autoshard.cost import build_cost_graph
-from autoshard.hardware import Backend
+from autoshard.target.hardware import Backend
 from autoshard.units import axis_sizes
-from autoshard.models.case import TrainCase
-from autoshard.request import Touching, evaluate, evaluation, group_seconds
-from autoshard.request import is_valid
-from autoshard.solve import MIP_GAP, SECONDS_SCALE, _Ilp, solve
-from autoshard.strategies import build_strategies
+from autoshard.zoo.models.case import TrainCase
+from autoshard.solver.request import Touching, evaluate, evaluation, group_seconds
+from autoshard.solver.request import is_valid
+from autoshard.solver.solve import MIP_GAP, SECONDS_SCALE, _Ilp, solve
+from autoshard.cost.strategies import build_strategies
 from autoshard.testing import plain
-from autoshard.trace import build_graph, trace_program
+from autoshard.frontend.trace import build_graph, trace_program
 
 REUSE_TOLERANCE = 0.01   # reuse solves a layer once: at most 1 % over solving each alone
 # the pinned plans that helped before arguments stopped leading follower groups were
@@ -77,7 +78,7 @@ def generated_case(seed: int) -> TrainCase:
     shapes = jax.eval_shape(make_batch, 0)
     return TrainCase(model=f"generated{seed}", size="-", train_step=train_step, state=state,
                      make_batch=make_batch,
-                     experts=autoshard.experts.standard_experts(abstract, shapes))
+                     experts=autoshard.zoo.experts.standard_experts(abstract, shapes))
 
 
 # (case, mesh): programs on which the unpinned search once missed plans pins found
@@ -106,7 +107,7 @@ def random_pins(case, mesh, seed: int, fraction: float = 0.3) -> dict:
     """Random specs for a random part of the arguments, as the path form of ``pins``."""
     rng = np.random.default_rng(seed)
     sizes = axis_sizes(mesh)
-    paths = autoshard.experts.leaf_paths(case.state, "state") + autoshard.experts.leaf_paths(
+    paths = autoshard.zoo.experts.leaf_paths(case.state, "state") + autoshard.zoo.experts.leaf_paths(
         case.make_batch(0), "batch")
     leaves = jax.tree.leaves(case.args)
     pins = {}

@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import pytest
 
 import autoshard
-from autoshard.hlo_report import hlo_report
-from autoshard.trace import trace
-from autoshard.xla import moves_no_data, transposes_dot_result
+from autoshard.report.hlo_report import hlo_report
+from autoshard.frontend.trace import trace
+from autoshard.target.xla import moves_no_data, transposes_dot_result
 
 F32 = jnp.float32
 

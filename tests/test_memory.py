@@ -10,8 +10,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import autoshard
-from autoshard import models
-from autoshard.hlo_report import buffer_bytes, hlo_report
+from autoshard.zoo import models
+from autoshard.report.hlo_report import buffer_bytes, hlo_report
 from autoshard.testing import plain, programs
 
 TOLERANCE = 0.10

@@ -13,8 +13,9 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import autoshard
-import autoshard.hlo_report
-from autoshard import experts, models, train
+import autoshard.report.hlo_report
+from autoshard.runtime import train
+from autoshard.zoo import experts, models
 
 CORE = [("mlp", "tiny"), ("gpt", "tiny"), ("gpt_scan", "tiny"), ("moe", "tiny"),
         ("resnet", "tiny"), ("vit", "tiny")]
@@ -154,7 +155,7 @@ def test_expert_step_matches_one_device(plan_name, mesh_2d):
     got = experts.jit_expert(case, mesh_2d, plan_name, donate=False)(*case.args)
     assert_matches(case, got, reference("moe", "tiny"))
     compiled = experts.compile_expert(case, mesh_2d, plan_name)
-    report = autoshard.hlo_report.hlo_report(compiled, autoshard.H100, mesh_2d)
+    report = autoshard.report.hlo_report.hlo_report(compiled, autoshard.H100, mesh_2d)
     assert report.memory_bytes > 0
 
 
@@ -222,7 +223,7 @@ def test_expert_layout_as_pins_keeps_numerics_with_donation(mesh_2d):
 def test_priced_budget_plan_matches_one_device(mesh_1d, monkeypatch):
     """Under a budget the unconstrained plan exceeds, with branch and bound off: the plan
     found by pricing memory fits as predicted and computes what one device computes."""
-    monkeypatch.setattr(autoshard.solve, "EXACT_MAX_VARIABLES", 0)
+    monkeypatch.setattr(autoshard.solver.solve, "EXACT_MAX_VARIABLES", 0)
     case = case_of("gpt", "tiny")
     free = plan_of("gpt", "tiny", mesh_1d)
     budget = 0.6 * free.cost.memory_bytes
@@ -230,7 +231,7 @@ def test_priced_budget_plan_matches_one_device(mesh_1d, monkeypatch):
                           cache=False)
     assert plan.solver["status"] in ("priced", "optimal")
     compiled = plan.jit().lower(*case.args).compile()     # judged as XLA counts it
-    assert autoshard.hlo_report.hlo_report(compiled, plan.hardware, mesh_1d).memory_bytes <= budget
+    assert autoshard.report.hlo_report.hlo_report(compiled, plan.hardware, mesh_1d).memory_bytes <= budget
     assert plan.solver["lower_bound_s"] <= plan.cost.total_s * (1 + 1e-6)
     assert_matches(case, plan.jit()(*case.args), reference("gpt", "tiny"))
 

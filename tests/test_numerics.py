@@ -108,7 +108,7 @@ def test_vocab_parallel_loss_numerics(mesh_1d):
     """An LM head split on the vocabulary keeps its loss vocab-parallel: the gradient's
     scatter into the logits stays split (each device holds V/8 columns)."""
     from jax.sharding import PartitionSpec as P
-    from autoshard.models import common
+    from autoshard.zoo.models import common
 
     def fn(w, x, y):
         return jax.grad(lambda w, x: common.cross_entropy(x @ w, y), argnums=(0, 1))(w, x)

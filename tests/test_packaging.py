@@ -1,4 +1,4 @@
-"""How autoshard installs: the extras, the package list, the zoo mapped from models/."""
+"""How autoshard installs: the extras, the package list, the zoo inside the package."""
 
 import pathlib
 import sys
@@ -24,7 +24,7 @@ def test_jax_range_is_the_tested_one():
     """pyproject admits the JAX releases the suite runs on, from the oldest to the newest
     release line, and the installed JAX is one of them."""
     import jax
-    from autoshard import jax_compat
+    from autoshard.frontend import jax_compat
     (jax_req,) = [r for r in PYPROJECT["project"]["dependencies"] if r.startswith("jax")]
     oldest, newest = jax_compat.OLDEST, jax_compat.NEWEST
     major, minor = map(int, newest.split("."))
@@ -48,34 +48,32 @@ def test_every_package_is_installed_and_no_top_level_models():
     setuptools = PYPROJECT["tool"]["setuptools"]
     on_disk = {".".join(p.parent.relative_to(ROOT).parts)
                for p in (ROOT / "autoshard").rglob("__init__.py")}
-    assert on_disk <= set(setuptools["packages"]), on_disk - set(setuptools["packages"])
-    assert setuptools["package-dir"] == {"autoshard.models": "models"}
-    assert "models" not in setuptools["packages"]
-    assert not (ROOT / "autoshard" / "models").exists()
+    assert on_disk == set(setuptools["packages"]), on_disk ^ set(setuptools["packages"])
+    assert "package-dir" not in setuptools
+    assert not (ROOT / "models").exists()
 
 
-def test_zoo_imports_from_the_checkout():
-    import autoshard
-    from autoshard import models
-    import autoshard.models.gpt as gpt
-    assert pathlib.Path(models.__file__).parent == ROOT / "models"
-    assert autoshard.models is models and gpt.GPTConfig is models.get("gpt").module.GPTConfig
+def test_zoo_imports_from_the_package():
+    import autoshard.zoo.models.gpt as gpt
+    from autoshard.zoo import models
+    assert pathlib.Path(models.__file__).parent == ROOT / "autoshard" / "zoo" / "models"
+    assert gpt.GPTConfig is models.get("gpt").module.GPTConfig
 
 
 def test_missing_extra_names_it(monkeypatch):
     from autoshard.extras import MissingExtraError, require
     with pytest.raises(MissingExtraError, match=r'pip install "autoshard\[viz\]"'):
-        require("no_such_module_xyz", "viz", "autoshard.viz plots")
+        require("no_such_module_xyz", "viz", "autoshard.report.viz plots")
     monkeypatch.setitem(sys.modules, "orbax.checkpoint", None)   # as if orbax were missing
-    monkeypatch.delitem(sys.modules, "autoshard.checkpoint", raising=False)
-    with pytest.raises(ImportError, match=r'autoshard.checkpoint needs orbax.checkpoint: '
+    monkeypatch.delitem(sys.modules, "autoshard.runtime.checkpoint", raising=False)
+    with pytest.raises(ImportError, match=r'autoshard.runtime.checkpoint needs orbax.checkpoint: '
                                           r'pip install "autoshard\[checkpoint\]"'):
-        import autoshard.checkpoint  # noqa: F401
+        import autoshard.runtime.checkpoint  # noqa: F401
 
 
 def test_gpu_target_configs_ship_as_package_data():
     """``autoshard.target_mesh`` reads a target config per GPU kind from the package."""
-    from autoshard import target
-    globs = PYPROJECT["tool"]["setuptools"]["package-data"]["autoshard"]
-    shipped = [p for g in globs for p in (ROOT / "autoshard").glob(g)]
-    assert {p.stem for p in shipped} == set(target.target_kinds()) >= {"h100", "h200", "a100"}
+    from autoshard.target import deviceless
+    globs = PYPROJECT["tool"]["setuptools"]["package-data"]["autoshard.target"]
+    shipped = [p for g in globs for p in (ROOT / "autoshard" / "target").glob(g)]
+    assert {p.stem for p in shipped} == set(deviceless.target_kinds()) >= {"h100", "h200", "a100"}

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 
 import autoshard
-from autoshard import cli, specs
+from autoshard.frontend import specs
+from autoshard.runtime import cli
 from autoshard.cost import partitioner
 from autoshard.testing.reshards import compiled_reshard
 

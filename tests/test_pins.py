@@ -6,7 +6,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import autoshard
-from autoshard import specs
+from autoshard.frontend import specs
 from autoshard.errors import PinError
 
 

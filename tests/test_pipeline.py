@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import autoshard
-from autoshard import specs
-from autoshard.hlo_report import hlo_report
+from autoshard.frontend import specs
+from autoshard.report.hlo_report import hlo_report
 
 D_MODEL, FFN, ROWS, LAYERS = 128, 512, 16384, 3
 HW = autoshard.Hardware(flops=1e12, hbm_bandwidth=1e11, memory=80e9,
@@ -229,7 +229,7 @@ def plan_stack(stack_args, mesh, **options):
 
 
 def test_gpipe_schedule_arithmetic():
-    from autoshard.pipeline import Pipelining
+    from autoshard.rewrite.pipeline import Pipelining
     p = Pipelining("data", stages=4, microbatches=8, layers=16)
     assert (p.layers_per_stage, p.iterations) == (4, 11)
     assert p.bubble_fraction == pytest.approx(3 / 11)
@@ -295,7 +295,7 @@ def test_pipeline_accumulates_where_one_pipelined_step_does_not_fit(stack_args, 
 
 
 def test_auto_shard_and_plan_train_step_take_pipeline_options(stack_args, mesh_2d):
-    from autoshard import distributed
+    from autoshard.runtime import distributed
     expected = jax.jit(stack_step)(*stack_args)
     options = dict(mesh=mesh_2d, hardware=HW, cache=False, progress=False, pipeline="data",
                    microbatches=4)
@@ -320,7 +320,7 @@ def test_pipeline_needs_a_layer_stack(args, mesh_2d):
 def test_circular_schedule_arithmetic():
     """Each microbatch passes the stages V times, one stage a step, and re-enters stage 0
     only after its last pass left the last stage; the bubble is (S-1)/(MV+S-1)."""
-    from autoshard.pipeline import Pipelining
+    from autoshard.rewrite.pipeline import Pipelining
     for s, m, v in ((4, 8, 2), (2, 2, 4), (4, 4, 2), (3, 5, 3)):
         p = Pipelining("data", stages=s, microbatches=m, layers=s * v * 2,
                        schedule="circular", repeats=v)
@@ -365,7 +365,7 @@ def test_microbatch_slices_inside_stages_reduce_gradients_once(stack_args, mesh_
     # inside a stage): the stage's layers are broadcast to one copy a slice before the
     # loop, so that each slice's gradient accumulates on its own devices and no collective
     # over 'model' runs inside the loop; the step matches one device, and round-trips
-    from autoshard import settings
+    from autoshard.planning import settings
     expected = jax.jit(stack_step)(*stack_args)
     monkeypatch.setattr(settings, "replica_splits", lambda axis, sizes: [("model",)])
     plan_ = plan_stack(stack_args, mesh_2d, pipeline="data", microbatches=4)
@@ -463,8 +463,8 @@ def test_repeats_need_a_pipeline_and_a_count(stack_args, mesh_2d):
 
 
 def test_schedule_view_shows_the_interleaving():
-    from autoshard import viz
-    from autoshard.pipeline import Pipelining
+    from autoshard.report import viz
+    from autoshard.rewrite.pipeline import Pipelining
     view = viz.schedule(Pipelining("data", stages=2, microbatches=2, layers=8,
                                    schedule="circular", repeats=2))
     assert [view.cells(r) for r in view.rows()] == [["0", "0r0", "1r0", "0r1", "1r1", "."],
@@ -477,7 +477,7 @@ def test_schedule_view_shows_the_interleaving():
 
 @pytest.mark.slow
 def test_zoo_gpt_scan_pipelined_matches_single_device(mesh_2d):
-    from autoshard import models
+    from autoshard.zoo import models
     case = models.train_case("gpt_scan", "tiny")
     expected = jax.jit(case.train_step)(*case.args)
     plan_ = autoshard.plan(case.train_step, *case.args, mesh=mesh_2d, cache=False,
@@ -489,8 +489,8 @@ def test_zoo_gpt_scan_pipelined_matches_single_device(mesh_2d):
 
 
 def test_schedule_view_shows_the_bubble():
-    from autoshard import viz
-    from autoshard.pipeline import Pipelining
+    from autoshard.report import viz
+    from autoshard.rewrite.pipeline import Pipelining
     view = viz.schedule(Pipelining("data", stages=2, microbatches=3, layers=4))
     assert [view.cells(r) for r in view.rows()] == [["0", "0", "1", "2", "."],
                                                     ["1", ".", "0", "1", "2"]]
@@ -549,7 +549,7 @@ def test_auto_remat_and_microbatches_fit_a_tight_budget(stack_args, mesh_1d):
 
 @pytest.mark.slow
 def test_hand_written_gpipe_expert_matches_single_device(mesh_2d):
-    from autoshard import experts, models
+    from autoshard.zoo import experts, models
     case = models.train_case("gpt_scan", "tiny")
     expected = jax.jit(case.train_step)(*case.args)
     step = experts.jit_gpipe(case, mesh_2d, microbatches=4, donate=False)
@@ -562,7 +562,7 @@ def test_hand_written_gpipe_expert_matches_single_device(mesh_2d):
 
 @pytest.mark.parametrize("flag", ["--microbatches", "--repeats"])
 def test_cli_count_options(flag):
-    from autoshard.cli import CliError, parse_count
+    from autoshard.runtime.cli import CliError, parse_count
     assert parse_count(flag, "auto") == "auto" and parse_count(flag, "4") == 4
     for bad in ("0", "-1", "two", "2.5"):
         with pytest.raises(CliError, match=flag):

@@ -6,8 +6,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import autoshard
-from autoshard import specs
-from autoshard.hlo_report import hlo_report
+from autoshard.frontend import specs
+from autoshard.report.hlo_report import hlo_report
 from autoshard.testing import programs
 
 
@@ -230,7 +230,11 @@ def test_past_the_cap_a_shared_copy_is_held_once_and_paid_per_read(mesh_1d, monk
     without sharing held copies, each read holds a copy of its own from the read before
     it on, where the shared copy is held up to each read that shares it
     (``shared.held_until``): the same bytes at every point."""
-    from autoshard import api, cost, request as requests, solve, strategies, trace
+    from autoshard import cost
+    from autoshard.cost import strategies
+    from autoshard.frontend import trace
+    from autoshard.planning import api
+    from autoshard.solver import request as requests, solve
 
     fn, args, pins = two_readers_of_x(mesh_1d.axis_names[0])
     graph = trace.trace(fn, *args)

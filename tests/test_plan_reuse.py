@@ -83,7 +83,7 @@ def test_output_pin_with_donation_plans_and_matches_one_device(mesh_1d, spec):
     b = jax.random.normal(jax.random.key(3), (8, 16))
     plan = autoshard.plan(step, a, b, mesh=mesh_1d, pins={"out[0]": spec}, donate_argnums=(0,),
                           cache=False)
-    want_spec = autoshard.specs.from_partition_spec(spec, 2)
+    want_spec = autoshard.frontend.specs.from_partition_spec(spec, 2)
     assert plan.out_specs[0] == plan.in_specs[0] == want_spec
     want = jax.jit(step)(a, b)
     got = plan.jit()(*jax.device_put((a, b), plan.in_shardings))
@@ -108,8 +108,8 @@ def test_differing_pins_on_a_donated_pair_name_both(mesh_2d):
 def test_donation_under_a_budget_is_named_not_blamed_on_pins(mesh_1d, monkeypatch):
     """Where plans ignoring the donation ties fit the budget but the solver finds none
     keeping them (no pins at all), the error names the budget and the donated arguments."""
-    from autoshard import search
-    from autoshard.solve import InfeasibleBudget
+    from autoshard.solver import search
+    from autoshard.solver.solve import InfeasibleBudget
 
     def no_plan_keeps_the_ties(request, **_):
         raise InfeasibleBudget(0.5 * request.memory_budget)

@@ -10,7 +10,7 @@ import pytest
 from jax import lax
 
 import autoshard
-from autoshard.apply import Decision, make_jit
+from autoshard.rewrite.apply import Decision, make_jit
 
 
 def eqn_index(fn, args, primitive: str) -> int:
@@ -70,8 +70,8 @@ CHEAP_LINKS = autoshard.Hardware(flops=1e6, hbm_bandwidth=1e6, link_bandwidth=1e
 def reader_strategies(fn, args, mesh, primitive):
     """Per node reading a result of ``primitive``: its strategies' specs for that operand."""
     from autoshard.units import axis_sizes
-    from autoshard.strategies import build_strategies
-    from autoshard.trace import build_graph, trace_program
+    from autoshard.cost.strategies import build_strategies
+    from autoshard.frontend.trace import build_graph, trace_program
     graph = build_graph(trace_program(fn, *args))
     space = build_strategies(graph, axis_sizes(mesh), CHEAP_LINKS)
     found = []
@@ -111,8 +111,8 @@ def test_zero_size_arrays_stay_replicated(mesh_2d):
                           progress=False)
     assert plan.out_specs == (((), ()), ((),))
     from autoshard.units import axis_sizes
-    from autoshard.strategies import build_strategies
-    from autoshard.trace import build_graph, trace_program
+    from autoshard.cost.strategies import build_strategies
+    from autoshard.frontend.trace import build_graph, trace_program
     graph = build_graph(trace_program(fn, x))
     space = build_strategies(graph, axis_sizes(mesh_2d), CHEAP_LINKS)
     empty = [v for v in graph.values if 0 in v.shape]
@@ -200,8 +200,8 @@ def test_grouped_conv_kernel_gradient_on_a_2d_mesh(mesh_shape, strides):
 
 
 def test_batch_grouped_conv_splits_its_contraction_only_over_every_axis(mesh_2d):
-    from autoshard.strategies import build_strategies
-    from autoshard.trace import build_graph, trace_program
+    from autoshard.cost.strategies import build_strategies
+    from autoshard.frontend.trace import build_graph, trace_program
     from autoshard.units import axis_sizes
     x = np.zeros((8, 5, 3, 6), np.float32)
     k = np.zeros((3, 2, 2, 24), np.float32)
@@ -268,8 +268,8 @@ def test_the_combiner_order_of_a_differentiated_loop_ends():
     budget) hung. The walk ends within a minute, placing each node it reaches once."""
     import signal
 
-    from autoshard import xla
-    from autoshard.trace import build_graph, trace_program
+    from autoshard.target import xla
+    from autoshard.frontend.trace import build_graph, trace_program
 
     def loss(x, c):
         y = lax.fori_loop(0, 4, lambda i, c: jnp.sin(c) * 0.9 + 0.1 * c, x)
@@ -298,10 +298,10 @@ def strategy_results(fn, args, mesh):
     the largest error, relative, of the conv computed in it (operands and result
     constrained as ``apply`` does) against one device's."""
     from jax.sharding import NamedSharding
-    from autoshard import specs
+    from autoshard.frontend import specs
     from autoshard.rules import rule_for
-    from autoshard.strategies import assignments, term_spec
-    from autoshard.trace import build_graph, trace_program
+    from autoshard.cost.strategies import assignments, term_spec
+    from autoshard.frontend.trace import build_graph, trace_program
     from autoshard.units import axis_sizes
     expected = np.asarray(jax.jit(fn)(*args))
     (node,) = [n for n in build_graph(trace_program(fn, *args)).nodes

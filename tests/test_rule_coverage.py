@@ -49,7 +49,7 @@ def test_traced_primitives_never_reach_the_rules():
     """What the table calls planned by trace leaves no equation of its own in the graph."""
     import jax
     import jax.numpy as jnp
-    from autoshard.trace import trace
+    from autoshard.frontend.trace import trace
 
     @jax.custom_jvp
     def f(x):
@@ -72,7 +72,7 @@ def test_traced_primitives_never_reach_the_rules():
 def test_version_table_matches_the_installed_jax():
     """The primitives only some supported releases define are those the installed JAX
     defines or lacks as the table says; the page lists every supported release's."""
-    from autoshard import jax_compat
+    from autoshard.frontend import jax_compat
     installed = coverage.jax_primitives()
     release = jax_compat.installed_release()
     for name, (module, releases) in jax_compat.PRIMITIVES_BY_VERSION.items():
@@ -144,7 +144,7 @@ def ordinary_programs():
 def test_ordinary_programs_need_no_fallback(name):
     """Every primitive these emit has a rule; none is kept whole but ``platform_index``
     (the scalar that picks a platform's branch)."""
-    from autoshard.trace import trace
+    from autoshard.frontend.trace import trace
     fn, args = ordinary_programs()[name]
     graph = trace(fn, *args)
     primitives = {n.primitive for n in graph.nodes if n.kind == "eqn"}

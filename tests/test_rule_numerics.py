@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import autoshard
-from autoshard import hlo_report as hlo_lib
-from autoshard.hardware import H100
+from autoshard.report import hlo_report as hlo_lib
+from autoshard.target.hardware import H100
 from jax.sharding import PartitionSpec as P
 
 RTOL, ATOL = 1e-5, 1e-6

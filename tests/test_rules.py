@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import pytest
 
 from autoshard.rules import rule_for
-from autoshard.trace import trace
+from autoshard.frontend.trace import trace
 
 
 def einsum_of(fn, *shapes, primitive=None):
@@ -136,7 +136,7 @@ def test_golden_ordinary_model_primitives(fn, avals, primitive, golden):
 def test_golden_fft_splits_its_batch_dims_where_xla_does(fn, avals, split_golden):
     """Newer XLA computes an FFT on each device's block of its batch dims, older XLA
     computes it whole (``xla.partitions_fft``, read from a compiled program)."""
-    from autoshard.xla import partitions_fft
+    from autoshard.target.xla import partitions_fft
     golden = split_golden if partitions_fft() else split_golden.replace("a", ".")
     assert golden_of(fn, *avals, primitive="fft") == golden
 
@@ -187,7 +187,7 @@ def test_gather_of_whole_slices_splits_them(mesh_2d):
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     from autoshard import H100
-    from autoshard.hlo_report import hlo_report
+    from autoshard.report.hlo_report import hlo_report
 
     def fn(w, i):
         return jax.vmap(lambda ws, ii: jax.lax.dynamic_index_in_dim(ws, ii, 0,

@@ -9,12 +9,12 @@ import jax.numpy as jnp
 import pytest
 
 import autoshard
-from autoshard.accumulate import active_setting
+from autoshard.rewrite.accumulate import active_setting
 from autoshard.errors import MemoryBudgetError
-from autoshard.options import PlanOptions
-from autoshard.plan import ArgumentInfo, PlanCost
-from autoshard.settings import plan_settings, replica_candidates
-from autoshard.solve import CannotBeat
+from autoshard.planning.options import PlanOptions
+from autoshard.planning.plan import ArgumentInfo, PlanCost
+from autoshard.planning.settings import plan_settings, replica_candidates
+from autoshard.solver.solve import CannotBeat
 
 ROWS = 64
 

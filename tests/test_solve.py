@@ -6,10 +6,10 @@ import time
 import numpy as np
 import pytest
 
-from autoshard import solve as solve_module
-from autoshard.request import (CopyTerm, GroupTerm, LiveRows, PairTerm, Request,
+from autoshard.solver import solve as solve_module
+from autoshard.solver.request import (CopyTerm, GroupTerm, LiveRows, PairTerm, Request,
                                SharedEdgeCost, Touching, evaluate, group_seconds, peak_memory)
-from autoshard.solve import InfeasibleBudget, greedy, solve
+from autoshard.solver.solve import InfeasibleBudget, greedy, solve
 from autoshard.testing.requests import brute_force
 
 

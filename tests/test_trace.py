@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from autoshard.trace import trace
+from autoshard.frontend.trace import trace
 
 F32 = jnp.float32
 

@@ -7,12 +7,12 @@ import jax.numpy as jnp
 import pytest
 
 import autoshard
-from autoshard.hardware import Backend
-from autoshard.hlo_report import hlo_report
-from autoshard.strategies import build_strategies
-from autoshard.trace import build_graph, trace_program
+from autoshard.target.hardware import Backend
+from autoshard.report.hlo_report import hlo_report
+from autoshard.cost.strategies import build_strategies
+from autoshard.frontend.trace import build_graph, trace_program
 from autoshard.units import axis_sizes
-from autoshard.xla import hoisted_runs
+from autoshard.target.xla import hoisted_runs
 from xla_habits import CPU_WIDENS_NARROW_DOTS
 
 

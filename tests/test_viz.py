@@ -8,8 +8,11 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import autoshard
-from autoshard import api, cli, judge, specs, viz
-from autoshard.request import Request, SharedCost, evaluation
+from autoshard.frontend import specs
+from autoshard.planning import api
+from autoshard.report import judge, viz
+from autoshard.runtime import cli
+from autoshard.solver.request import Request, SharedCost, evaluation
 from autoshard.testing import programs
 
 
@@ -116,7 +119,7 @@ def test_breakdown_names_layers_after_parameters(plan):
 
 
 def test_layer_of_paths():
-    from autoshard.breakdown import argument_layers, layer_of
+    from autoshard.cost.breakdown import argument_layers, layer_of
     assert layer_of("params['layers'][0]['wq']") == "params['layers'][0]"
     assert layer_of("params['layers']['wq']") == "params['layers']"
     assert layer_of("state['blocks'][1]['attn']['query']['kernel'].value") == "state['blocks'][1]"
@@ -350,7 +353,7 @@ def test_command_line_saves_figures(tmp_path, capsys):
 
 
 def test_scoreboard_ratios_against_the_fastest_other_plan():
-    from autoshard.hlo_report import Report
+    from autoshard.report.hlo_report import Report
 
     def report(total_s, memory_bytes):
         return Report(flops=0, bytes_accessed=0, compute_s=total_s / 2, comm_s=total_s / 2,

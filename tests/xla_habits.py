@@ -2,7 +2,7 @@
 
 import pytest
 
-from autoshard.xla import cpu_contraction_itemsize
+from autoshard.target.xla import cpu_contraction_itemsize
 
 # XLA:CPU's habits around bf16 dots as jax 0.10's XLA has them (f32 operands, results,
 # stacked residuals and roundings); jax 0.12's runs bf16 dots at bf16, which the cost

@@ -14,10 +14,10 @@ from autoshard.cost.grouping import Grouping
 from autoshard.cost.liveness import Liveness
 from autoshard.cost.reshard import Interner, ReshardPrices
 from autoshard.cost.shared import SharedCopies
-from autoshard.request import (Edge, GroupTerm, LiveRows, MemoryTerm, Request, SecondsParts,
+from autoshard.solver.request import (Edge, GroupTerm, LiveRows, MemoryTerm, Request, SecondsParts,
                                SharedCost, SharedEdgeCost, Tie, fewest_peak)
-from autoshard.solve import InfeasibleBudget
-from autoshard.strategies import StrategySpace
+from autoshard.solver.solve import InfeasibleBudget
+from autoshard.cost.strategies import StrategySpace
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -8,7 +8,7 @@ import dataclasses
 
 import numpy as np
 
-from autoshard.specs import Spec
+from autoshard.frontend.specs import Spec
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -17,10 +17,10 @@ from typing import Sequence
 
 import numpy as np
 
-from autoshard import specs
+from autoshard.frontend import specs
 from autoshard.cost.reshard import REDUCTIONS, Pairs
-from autoshard.request import CopyTerm, GroupTerm, LiveRows, MemoryTerm, PairTerm
-from autoshard.xla import contraction, expensive, loop_scope, spreads, transposed_operands
+from autoshard.solver.request import CopyTerm, GroupTerm, LiveRows, MemoryTerm, PairTerm
+from autoshard.target.xla import contraction, expensive, loop_scope, spreads, transposed_operands
 
 
 # XLA returns several results as a tuple: a buffer of one pointer per result, counted in

@@ -32,8 +32,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from autoshard import specs
-from autoshard.specs import Spec
+from autoshard.frontend import specs
+from autoshard.frontend.specs import Spec
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 
-from autoshard import hardware as hwlib
-from autoshard import specs
+from autoshard.target import hardware as hwlib
+from autoshard.frontend import specs
 from autoshard.cost import partitioner
-from autoshard.hardware import Hardware
-from autoshard.specs import Spec
-from autoshard.strategies import Collective
-from autoshard.xla import wire_dtype
+from autoshard.target.hardware import Hardware
+from autoshard.frontend.specs import Spec
+from autoshard.cost.strategies import Collective
+from autoshard.target.xla import wire_dtype
 
 if TYPE_CHECKING:
     from autoshard.cost.graph import CostGraph

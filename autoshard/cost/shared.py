@@ -11,9 +11,9 @@ from typing import Sequence
 
 import numpy as np
 
-from autoshard import specs
-from autoshard.request import SharedCost, SharedEdgeCost
-from autoshard.xla import loop_scope, reduction_waves, trailing_ancestors
+from autoshard.frontend import specs
+from autoshard.solver.request import SharedCost, SharedEdgeCost
+from autoshard.target.xla import loop_scope, reduction_waves, trailing_ancestors
 
 # Past this many shared copies of one value (its sources times the specs its readers may
 # share), the solver would slow down more than the sharing is worth: each read pays its

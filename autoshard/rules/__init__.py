@@ -22,7 +22,7 @@ import math
 import warnings
 from typing import Callable
 
-from autoshard.graph import Node
+from autoshard.frontend.graph import Node
 
 
 @dataclasses.dataclass(frozen=True)

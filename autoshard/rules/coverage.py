@@ -18,12 +18,12 @@ import dataclasses
 import inspect
 import re
 
-from autoshard import jax_compat
-from autoshard.jax_compat import INLINED, PRIMITIVES_BY_VERSION
+from autoshard.frontend import jax_compat
+from autoshard.frontend.jax_compat import INLINED, PRIMITIVES_BY_VERSION
 from autoshard.rules import RULES, replicate_all
 from autoshard.rules.replicated import REPLICATED
 
-# Bodies trace plans itself: nested calls inlined (autoshard.interpret.INLINED), loops and
+# Bodies trace plans itself: nested calls inlined (autoshard.frontend.interpret.INLINED), loops and
 # branches kept as units whose bodies are planned.
 TRACED = {
     **{name: "its body is inlined" for name in INLINED},

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from autoshard.rules import Einsum, LabelMaker, register
-from autoshard.xla import partitions_fft
+from autoshard.target.xla import partitions_fft
 
 
 @register("fft")

@@ -43,9 +43,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from autoshard import experts
-from autoshard.experts import BATCH, DATA, MODEL
-from autoshard.trace import hold_static_leaves, release_static_leaves
+from autoshard.zoo import experts
+from autoshard.zoo.experts import BATCH, DATA, MODEL
+from autoshard.frontend.trace import hold_static_leaves, release_static_leaves
 
 BATCH_SIZE = 8
 SEQ = 16
@@ -696,6 +696,6 @@ def build(name: str) -> CorpusCase:
 def primitives_without_rule(case: CorpusCase) -> set[str]:
     """The primitives of the case's traced step that fall back to replication."""
     from autoshard.rules import RULES
-    from autoshard.trace import trace
+    from autoshard.frontend.trace import trace
     graph = trace(case.fn, *case.args)
     return {n.primitive for n in graph.nodes if n.kind == "eqn" and n.primitive not in RULES}

@@ -38,7 +38,8 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 import autoshard
-from autoshard import hlo_report, specs
+from autoshard.frontend import specs
+from autoshard.report import hlo_report
 from autoshard.errors import MemoryBudgetError
 
 MESHES = {"8": ((8,), ("a",)), "2x4": ((2, 4), ("x", "y")), "4x2": ((4, 2), ("x", "y"))}
@@ -640,7 +641,7 @@ def kept_arguments(fn, args) -> list:
     """The arguments ``jax.jit(fn)`` keeps (``keep_unused=False``): those some output
     depends on, by JAX's own dead-code elimination of the jaxpr; the others are left as
     None, so ``floor_bytes`` still names them ``a0``, ``a1``, ... by position."""
-    from autoshard.jax_compat import used_inputs
+    from autoshard.frontend.jax_compat import used_inputs
     used = used_inputs(jax.make_jaxpr(fn)(*args))
     return [a if keep else None for a, keep in zip(args, used)]
 

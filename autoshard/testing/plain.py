@@ -2,7 +2,7 @@
 
 No flax, no optax: parameters are nested dicts of f32 arrays, Adam is a handful of
 ``jax.tree.map`` calls, the loss is ``log_softmax`` and ``take_along_axis``. Each
-constructor returns a :class:`autoshard.models.case.TrainCase` (``train_step(state,
+constructor returns a :class:`autoshard.zoo.models.case.TrainCase` (``train_step(state,
 batch) -> (state, loss)``, ``state = {'params', 'opt_state', 'step'}``) with the expert
 layouts a practitioner would write for it (data parallel, FSDP, Megatron, FSDP x TP,
 expert parallel for the MoE), so tests and benchmarks treat them as they treat the zoo.
@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from autoshard import experts as ex
-from autoshard.models.case import TrainCase
+from autoshard.zoo import experts as ex
+from autoshard.zoo.models.case import TrainCase
 
 __all__ = ["CASES", "adam", "clip_by_global_norm", "cnn", "lm", "lm_clipped", "moe",
            "train_case"]

@@ -7,7 +7,7 @@ import itertools
 
 import numpy as np
 
-from autoshard.request import Request, evaluate
+from autoshard.solver.request import Request, evaluate
 
 
 def brute_force(request: Request) -> float:

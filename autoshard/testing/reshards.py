@@ -8,10 +8,10 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 
-from autoshard import specs
-from autoshard.hardware import Hardware
-from autoshard.hlo_report import hlo_report
-from autoshard.specs import Spec
+from autoshard.frontend import specs
+from autoshard.target.hardware import Hardware
+from autoshard.report.hlo_report import hlo_report
+from autoshard.frontend.specs import Spec
 
 
 def compiled_reshard(mesh: Mesh, hw: Hardware, shape, src: Spec, dst: Spec,

@@ -1,0 +1,595 @@
+"""xla: what XLA does to a program that the cost model must know, one place for each fact.
+
+Which values XLA keeps in memory rather than fusing them (its fusion passes), which
+static slices it fuses into their readers, which operands it copies into another layout
+before a dot or convolution, which transposes it folds into dots, which collectives its
+combiner merges into one, what it hoists out of loops, and the width a backend moves
+narrow floats at in collectives and stores them at around dots (and where it rounds them
+in a pass of their own). ``strategies`` prices strategies with them and ``cost`` builds
+memory terms and shared latencies from them; ``hlo_report`` reads what XLA did in the
+compiled program. Backend facts read from the device (reduce-scatter formed or emulated,
+collectives combined, those widths) live in ``hardware.Backend``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from autoshard.frontend.graph import Graph, Node
+from autoshard.frontend.specs import dim_shards
+
+if TYPE_CHECKING:
+    from autoshard.cost.strategies import Strategy
+
+
+# -- what XLA's partitioner splits -------------------------------------------------------
+
+@functools.cache
+def partitions_fft() -> bool:
+    """Whether XLA's partitioner computes an FFT on each device's block of its batch dims.
+
+    Older XLA (jax 0.10's) gathers an FFT's operand and computes it whole, whatever its
+    sharding; where it gathers a split of a middle dim, XLA:CPU's layout assignment may
+    hand the FFT a layout it refuses to run (a RET_CHECK in its FFT thunk). Newer XLA
+    keeps the batch dims split. Read from a two-device rfft compiled on this process's
+    CPUs; False where it has one CPU device (an FFT kept whole is right on either)."""
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    devices = jax.devices("cpu")[:2]
+    if len(devices) < 2:
+        return False
+    split = NamedSharding(Mesh(np.array(devices), ("batch",)), PartitionSpec("batch"))
+    rfft = jax.jit(jax.numpy.fft.rfft, in_shardings=split, out_shardings=split)
+    text = rfft.lower(jax.ShapeDtypeStruct((2, 8), np.float32)).compile().as_text()
+    return "c64[1,5]" in text and "c64[2,5]" not in text
+
+
+@functools.cache
+def cpu_contraction_itemsize() -> int:
+    """The bytes per element XLA:CPU runs a bf16 dot at: 4 where it converts the operands
+    to f32 and writes an f32 result (jax 0.10's XLA), 0 where it runs bf16 dots at their
+    own width (jax 0.12's, through YNNPACK). Read from a compiled bf16 dot.
+
+    ``hardware.Backend`` still prices CPU dots at 4 bytes, as 0.10's XLA runs them: the
+    rest of 0.12's habits around narrow dots (where it still converts, what it fuses) are
+    not yet read, and pricing 0 alone put mixed-precision steps further off."""
+    import jax
+
+    dot = jax.jit(jax.numpy.matmul, backend="cpu")
+    narrow = jax.ShapeDtypeStruct((64, 64), jax.numpy.bfloat16)
+    text = dot.lower(narrow, narrow).compile().as_text()
+    return 4 if "f32[64,64]" in text else 0
+
+
+# -- the width a backend moves and stores narrow floats at -----------------------------
+
+def widening(dtype, itemsize: int) -> float:
+    """How much wider than ``dtype`` a backend that runs narrow floats at ``itemsize``
+    bytes per element (0: at their own width) moves or stores it: 2 for bf16 at 4 bytes;
+    1 for wider floats and for every other dtype."""
+    try:
+        return _widening(dtype, itemsize)
+    except TypeError:   # a dtype that does not hash
+        return _widening.__wrapped__(dtype, itemsize)
+
+
+@functools.lru_cache(maxsize=1024)   # asked for every operand of every strategy
+def _widening(dtype, itemsize: int) -> float:
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        return 1.0
+    if not np.issubdtype(dtype, np.floating) and dtype.name not in ("bfloat16",):
+        return 1.0
+    return max(1.0, itemsize / dtype.itemsize)
+
+
+def collective_widening(dtype, collective_itemsize: int) -> float:
+    """How much wider than ``dtype`` the backend's collectives move it: CPU XLA converts
+    bf16 and f16 to f32 before every collective (and back after), so they move 2x the
+    program's bytes; 1 elsewhere."""
+    return widening(dtype, collective_itemsize)
+
+
+def wire_dtype(dtype, collective_itemsize: int):
+    """The dtype a backend's collectives move ``dtype`` in (``collective_widening``)."""
+    if collective_widening(dtype, collective_itemsize) > 1.0:
+        return np.dtype(f"float{8 * collective_itemsize}")
+    return dtype
+
+
+def stored_widening(graph: Graph, einsums, materialized, contraction_itemsize: int
+                    ) -> list[float]:
+    """Per value, how much wider than its dtype XLA writes it to memory.
+
+    CPU XLA runs dots and convolutions on narrow floats in f32 (its float normalization):
+    the fusion producing an operand of one converts to f32 before writing it, and the
+    contraction writes its result in f32 for its readers to convert back. So a bf16 value
+    in memory that a contraction reads (directly, or through a transpose folded into it)
+    or writes takes twice its bytes to write and to read. A scan stacks such a value wide
+    too (the residual a backward dot reads), and slices that stack wide. Every other
+    value, and every value on a backend with narrow-float dots (``contraction_itemsize``
+    0), takes its own."""
+    widened = [1.0] * len(graph.values)
+    if not contraction_itemsize:
+        return widened
+    for value in graph.values:
+        if materialized[value.id] and (contraction(einsums[value.producer])
+                                       or read_by_contraction(graph, einsums, value)):
+            widened[value.id] = widening(value.dtype, contraction_itemsize)
+    for node in graph.nodes:   # in order: a stack before the loops that slice it
+        if node.primitive in ("loop_ys", "loop_xs") and node.operands[0] is not None:
+            out = node.outputs[0]
+            widened[out] = max(widened[out], widened[node.operands[0]])
+    return widened
+
+
+def read_by_contraction(graph: Graph, einsums, value) -> bool:
+    """Whether a dot or convolution reads ``value``, directly or through a transpose XLA
+    folds into it (``folded_into_dots``)."""
+    for user, _ in graph.users[value.id]:
+        if contraction(einsums[user]):
+            return True
+        node = graph.nodes[user]
+        if node.outputs and folded_into_dots(graph, graph.values[node.outputs[0]]):
+            return True
+    return False
+
+
+# -- loop-invariant code motion: what XLA hoists out of a loop's body -------------------
+
+# ops XLA's loop-invariant code motion hoists only with a user it hoists (it leaves them in
+# the body for simplification and fusion there): WhileLoopInvariantCodeMotion's
+# NotWorthHoistingIndividually, in JAX's primitives
+NOT_WORTH_HOISTING = frozenset({"transpose", "reshape", "broadcast_in_dim", "iota", "rev",
+                                "squeeze", "expand_dims", "slice", "sharding_constraint",
+                                "loop_xs"})
+
+
+def hoisted_runs(graph: Graph, stored: Sequence[float]) -> list[float]:
+    """Per node, how many times XLA runs it a call: its weight, or less where XLA hoists
+    it out of a loop's body (``WhileLoopInvariantCodeMotion``).
+
+    A node in a loop's body whose operands are all made outside it (the loop's constants,
+    constants, or nodes hoisted the same way) is invariant: it runs as often as the
+    operands are made. XLA hoists it if it is worth hoisting on its own, or if a user it
+    hoists reads it. Reshapes, transposes, broadcasts and slices are not worth hoisting
+    on their own, save where the backend widens their result for a dot (``stored``: the
+    convert CPU adds, which is). A scan unrolled whole slices its stack at static offsets
+    (its ``loop_xs`` seams marked ``static``): invariant where the stack is, each run
+    making one slice a layer."""
+    inf = float("inf")
+    made = [inf] * len(graph.values)    # per value: how often it is made, if invariant
+    invariant: list[float | None] = [None] * len(graph.nodes)
+    for node in graph.nodes:
+        if node.kind == "arg":
+            runs = node.weight
+        elif node.kind == "const":
+            runs = 1.0
+        elif node.primitive == "loop_const":
+            runs = node.weight   # made outside the body
+        elif node.kind == "boundary" and not (node.primitive == "loop_xs"
+                                              and node.params.get("static")):
+            continue   # what varies from one trip to the next, or leaves the loop
+        else:
+            runs = max((made[v] for v in node.operands if v is not None), default=1.0)
+            if runs >= node.weight:
+                continue
+            invariant[node.id] = runs
+            if node.kind == "boundary":   # each run slices the stack into its layers
+                runs *= node.operand_shapes[0][0]
+        for v in node.outputs:
+            made[v] = runs
+    hoisted = [False] * len(graph.nodes)
+    for node in reversed(graph.nodes):
+        if invariant[node.id] is None:
+            continue
+        worth = node.primitive not in NOT_WORTH_HOISTING or any(
+            stored[v] > 1.0 for v in node.outputs)
+        hoisted[node.id] = worth or any(hoisted[user] for v in node.outputs
+                                        for user, _ in graph.users[v])
+    return [invariant[n.id] if hoisted[n.id] else n.weight for n in graph.nodes]
+
+
+# -- layouts: operands XLA copies into another layout before a dot or convolution ------
+
+def transposed_for_dot(node, i: int) -> bool:
+    """Whether XLA copies operand ``i`` of a dot_general into another layout first.
+
+    XLA rewrites a dot that is not a (batched) matrix product as one over operands
+    transposed to [batch, free, contracting] (lhs) and [batch, contracting, free] (rhs);
+    an operand whose dims are not in that order already is copied, unless it is a
+    matrix behind leading batch dims (read transposed in place). A weight [d, heads, k]
+    read by the backward pass's dot contracting (heads, k) is copied, and so is
+    q [b, t, heads, k] read by the scores' dot (batch b, heads); [d, f] or
+    [experts, d, f] is not.
+    """
+    (lc, rc), (lb, rb) = node.params["dimension_numbers"]
+    shape, contract, batch = node.operand_shapes[i], (lc, rc)[i], (lb, rb)[i]
+    free = [d for d in range(len(shape)) if d not in contract and d not in batch]
+    order = [*batch, *free, *contract] if i == 0 else [*batch, *contract, *free]
+    kept = [d for d in order if shape[d] != 1]
+    nb = sum(shape[d] != 1 for d in batch)
+    matrix_behind_batch = kept[:nb] == sorted(kept)[:nb] and len(kept) - nb <= 2
+    return kept != sorted(kept) and not matrix_behind_batch
+
+
+def reshapes_dot_result(node) -> bool:
+    """Whether XLA reshapes a dot_general's result after computing it: it computes a dot
+    as [batch, lhs free, rhs free] with each side's free dims flattened into one, so a
+    side with more than one free dim (of more than one element) is unflattened after
+    it. A rounding convert pair (f32 to bf16 and back) around that reshape is not
+    adjacent, and XLA's simplifier does not drop it."""
+    if node.primitive != "dot_general":
+        return False
+    (lc, rc), (lb, rb) = node.params["dimension_numbers"]
+    for shape, contract, batch in zip(node.operand_shapes, (lc, rc), (lb, rb)):
+        free = [n for d, n in enumerate(shape) if d not in contract and d not in batch]
+        if sum(n > 1 for n in free) > 1:
+            return True
+    return False
+
+
+def transposed_for_conv(node, i: int) -> bool:
+    """Whether XLA copies operand ``i`` of a convolution into another layout first.
+
+    XLA:CPU convolves inputs laid out [batch, spatial..., feature] with kernels
+    [spatial..., in, out]; an operand whose dims come in another order is copied: the
+    kernel of a backward-data convolution, the activations of a weight-gradient one.
+    """
+    dn = node.params["dimension_numbers"]
+    spec, shape = (dn.lhs_spec, dn.rhs_spec)[i], node.operand_shapes[i]
+    order = [spec[0], *spec[2:], spec[1]] if i == 0 else [*spec[2:], spec[1], spec[0]]
+    kept = [d for d in order if shape[d] != 1]
+    return kept != sorted(kept)
+
+
+TRANSPOSED_OPERANDS = {"dot_general": transposed_for_dot,
+                       "conv_general_dilated": transposed_for_conv}
+
+
+def transposed_operands(node: Node) -> tuple[bool, ...]:
+    """Per operand of a node: whether XLA copies it into another layout before reading it."""
+    transposed = TRANSPOSED_OPERANDS.get(node.primitive)
+    return tuple(transposed is not None and v is not None and transposed(node, i)
+                 for i, v in enumerate(node.operands))
+
+
+def moves_no_data(node, in_specs, axis_sizes) -> bool:
+    """Whether a transpose, on one device's shard (``in_specs[0]``), only moves dims of one
+    element: then its dims of more than one keep their order, and XLA's algebraic
+    simplifier makes it a bitcast of its operand. A stage-sharded stack
+    [layers, stages, ...] read as [stages, layers, ...] on one stage's devices is one."""
+    if node.primitive != "transpose":
+        return False
+    shape, spec = node.operand_shapes[0], in_specs[0] or ((),) * len(node.operand_shapes[0])
+    local = [n // dim_shards(axes, axis_sizes) for n, axes in zip(shape, spec)]
+    kept = [d for d in node.params["permutation"] if local[d] > 1]
+    return kept == sorted(kept)
+
+
+def transposes_dot_result(graph: Graph, node: Node) -> bool:
+    """Whether ``node`` transposes a dot's result [batch, lhs free, rhs free] to [batch,
+    rhs free, lhs free], the dot read by nothing else: XLA's algebraic simplifier computes
+    the dot with its operands swapped instead, writing the transposed result. JAX's
+    gradient of ``x @ w`` with respect to ``w`` is such a pair."""
+    if node.primitive != "transpose" or node.operands[0] is None:
+        return False
+    value = graph.values[node.operands[0]]
+    dot = graph.nodes[value.producer]
+    if (dot.primitive != "dot_general" or len(graph.users[value.id]) != 1
+            or value.id in graph.outputs):
+        return False
+    (lc, rc), (lb, _) = dot.params["dimension_numbers"]
+    nb = len(lb)
+    lhs_free = len(dot.operand_shapes[0]) - len(lc) - nb
+    rhs_free = len(dot.operand_shapes[1]) - len(rc) - nb
+    swapped = [*range(nb), *range(nb + lhs_free, nb + lhs_free + rhs_free),
+               *range(nb, nb + lhs_free)]
+    return list(node.params["permutation"]) == swapped
+
+
+# -- fusion: which values XLA keeps in memory ------------------------------------------
+
+def folded_into_dots(graph: Graph, value) -> bool:
+    """A transpose read only by dots: XLA folds it into their dimension numbers (its
+    transpose-folding pass) and never writes it."""
+    users = graph.users[value.id]
+    return (graph.nodes[value.producer].primitive == "transpose" and bool(users)
+            and value.id not in graph.outputs
+            and all(graph.nodes[u].primitive == "dot_general" for u, _ in users))
+
+
+def materialized_values(graph: Graph, einsums) -> list[bool]:
+    """Which values XLA keeps in memory: not those fused between elementwise ops.
+
+    Transposes read only by dots are not (``folded_into_dots``). Values crossing a loop
+    or branch seam are in memory: the loop state, and the slices a body reads from
+    stacked xs or writes into stacked ys, every iteration (a scan unrolled whole stacks
+    nothing: its ys are read where the body wrote them, in memory or not). So are the
+    results of expensive ops read by several nodes (XLA computes them once), and what a
+    reduction does not fuse (``kept_from_reduction``)."""
+    outputs = set(v for v in graph.outputs if v is not None)
+
+    def seam(node_id):
+        return graph.nodes[node_id].kind == "boundary"
+
+    def stacked_by_a_loop(node_id):   # a seam an unrolled scan's results pass freely
+        return seam(node_id) and not graph.nodes[node_id].params.get("unrolled")
+    flags = []
+    for value in graph.values:
+        if folded_into_dots(graph, value):
+            flags.append(False)
+            continue
+        producer = einsums[value.producer]
+        if (producer is None or not producer.fusible or value.id in outputs
+                or seam(value.producer)):
+            flags.append(True)
+            continue
+        users = {u for u, _ in graph.users[value.id]}
+        flags.append(any(einsums[u] is None or not einsums[u].fusible or stacked_by_a_loop(u)
+                         for u in users)
+                     or expensive(einsums[value.producer]) and len(users) > 1)
+    feeds, statistics = feeds_reductions(graph, einsums), statistics_of(graph, einsums)
+    squared = feeds_reductions(graph, einsums, unary_only=True)
+    for value in graph.values:
+        if feeds[value.id] and not flags[value.id]:
+            flags[value.id] = kept_from_reduction(graph, graph.nodes[value.producer], value,
+                                                  einsums, statistics, squared[value.id])
+    return flags
+
+
+def fused_static_slices(graph: Graph, einsums) -> list[bool]:
+    """Per node: a scan unrolled whole's static slice of its stack (a ``loop_xs`` seam
+    marked ``static``) that XLA fuses into its readers: every reader is an elementwise
+    op, which reads its layer's part of the stack where it lies. The slice then costs no
+    pass of its own. A dot or convolution reads a buffer of its own (on CPU, its operand
+    converted to f32), and a loop reads its state whole, so a slice they read is copied.
+    Seen in a pipeline's stage loop: each layer's residuals sliced from the stage's
+    stack by the fusions that use them."""
+    fused = [False] * len(graph.nodes)
+    for node in graph.nodes:
+        if node.primitive != "loop_xs" or not node.params.get("static"):
+            continue
+        readers = [u for v in node.outputs for u, _ in graph.users[v]]
+        fused[node.id] = bool(readers) and all(
+            graph.nodes[u].kind == "eqn" and einsums[u] is not None and einsums[u].fusible
+            and not contraction(einsums[u]) for u in readers)
+    return fused
+
+
+def expensive(einsum) -> bool:
+    """An elementwise op XLA fuses into one consumer only (``Einsum.expensive``): read by
+    several, its result is written to memory."""
+    return einsum is not None and einsum.expensive
+
+
+def reduction(einsum) -> bool:
+    """A reduction whose elementwise producers XLA fuses in (``Einsum.reduction``)."""
+    return einsum is not None and einsum.reduction
+
+
+def contraction(einsum) -> bool:
+    """A dot or convolution (``Einsum.contraction``)."""
+    return einsum is not None and einsum.contraction
+
+
+def feeds_reductions(graph: Graph, einsums, unary_only: bool = False) -> list[bool]:
+    """Per value: read by a reduction, directly or through elementwise (fusible) nodes;
+    with ``unary_only``, through nodes reading nothing else (a square)."""
+    reduces = [reduction(einsum) for einsum in einsums]
+    fused = [node.kind == "eqn" and einsum is not None and einsum.fusible
+             and (not unary_only or sum(v is not None for v in node.operands) == 1)
+             for node, einsum in zip(graph.nodes, einsums)]
+    feeds = [False] * len(graph.values)
+    for value in reversed(graph.values):
+        for user, _ in graph.users[value.id]:
+            if reduces[user] or fused[user] and any(feeds[o] for o in graph.nodes[user].outputs):
+                feeds[value.id] = True
+                break
+    return feeds
+
+
+def statistics_of(graph: Graph, einsums) -> list[bool]:
+    """Per value: computed from a reduction's result by elementwise ops (a mean, a
+    variance, an inverse norm)."""
+    flags = []
+    for value in graph.values:
+        node = graph.nodes[value.producer]
+        fused = node.kind == "eqn" and einsums[node.id] is not None and einsums[node.id].fusible
+        flags.append(reduction(einsums[node.id])
+                     or fused and any(v is not None and flags[v] for v in node.operands))
+    return flags
+
+
+def spreads(graph: Graph, node: Node, value, einsums) -> bool:
+    """Whether ``value`` spreads smaller arrays over a bigger shape: a broadcast, or an
+    elementwise op all of whose array operands are smaller (rsqrt[b, t, 1] * scale[d])."""
+    einsum = einsums[node.id]
+    if node.kind != "eqn" or einsum is None or not einsum.fusible:
+        return False
+    sizes = [math.prod(graph.values[v].shape) for v in node.operands if v is not None]
+    return bool(sizes) and max(sizes) < math.prod(value.shape)
+
+
+def kept_from_reduction(graph: Graph, node: Node, value, einsums, statistics,
+                        squared: bool) -> bool:
+    """Whether XLA keeps in memory a value a reduction reads through fused elementwise
+    ops. The reduction takes the elementwise chain in, but not a broadcast (the norm scale
+    or the inverse norm, spread over the activation), nor an activation centred on one of
+    its statistics (x - mean), nor an op combining two activations that other nodes read
+    too when the reduction reads it through ops of one operand (the residual sum a norm
+    squares): those are written to memory, often for the backward pass."""
+    if spreads(graph, node, value, einsums):
+        return True
+    if node.kind != "eqn" or einsums[node.id] is None or not einsums[node.id].fusible:
+        return False
+    size = math.prod(value.shape)
+    operands = [graph.values[v] for v in node.operands if v is not None]
+    if node.primitive in ("sub", "add") and any(
+            math.prod(v.shape) < size and statistics[v.id] for v in operands):
+        return True
+    full = [v for v in operands if math.prod(v.shape) == size]
+    return squared and len(full) >= 2 and len({u for u, _ in graph.users[value.id]}) > 1
+
+
+# -- the combiner: which collectives XLA merges into one -------------------------------
+
+def loop_scope(node: Node) -> tuple:
+    """The key of the innermost loop body holding ``node`` (``()`` outside any loop).
+    A loop body is a computation of its own: XLA combines collectives within it, once
+    per iteration, never with those outside. Loop seams belong to the outside."""
+    key = node.key
+    for i in range(len(key) - 1, -1, -1):
+        if key[i] == "body":
+            return key[:i + 1]
+    return ()
+
+
+def trailing_nodes(graph: Graph, einsums) -> list[bool]:
+    """Nodes no contraction of their own computation depends on (weight gradients feeding
+    an optimizer update, or a scan's per-layer gradients stacked by loop_ys): their
+    collectives are independent of each other, so XLA's combiner merges them.
+
+    A value entering a loop body, or carried to its next iteration, feeds the body's
+    contractions; one stacked by loop_ys leaves the iteration that made it."""
+    scopes = [loop_scope(node) for node in graph.nodes]
+    trailing = [True] * len(graph.nodes)
+    for node in reversed(graph.nodes):
+        for value_id in node.outputs:
+            for user, _ in graph.users[value_id]:
+                u = graph.nodes[user]
+                if scopes[user] != scopes[node.id]:
+                    leaves = u.primitive == "loop_ys" and len(scopes[user]) < len(scopes[node.id])
+                    if not leaves:
+                        trailing[node.id] = False
+                elif contraction(einsums[user]) or not trailing[user]:
+                    trailing[node.id] = False
+    return trailing
+
+
+def reduction_waves(graph: Graph, strategies: Sequence[Sequence[Strategy]],
+                    menu_ids: Sequence[int]) -> list[int]:
+    """Per node, how many nodes that may reduce across devices precede it on the longest
+    path within its computation. Two reducing nodes of one wave depend on neither: XLA's
+    combiner merges their like collectives into one (the input gradients of q, k and v
+    summed after three row-parallel dots)."""
+    scopes = [loop_scope(node) for node in graph.nodes]
+    reducing: dict[int, bool] = {}   # per number of nodes' strategies (``menu_ids``)
+    for found, number in zip(strategies, menu_ids):
+        if number not in reducing:
+            reducing[number] = any(c.kind in ("all-reduce", "reduce-scatter")
+                                   for s in found for c in s.collectives)
+    reduces = [reducing[number] for number in menu_ids]
+    wave = [0] * len(graph.nodes)
+    for node in graph.nodes:
+        for v in node.operands:
+            if v is None:
+                continue
+            p = graph.values[v].producer
+            if scopes[p] == scopes[node.id]:
+                wave[node.id] = max(wave[node.id], wave[p] + reduces[p])
+    return wave
+
+
+def combiner_order(graph: Graph) -> list[int]:
+    """Per node, its place in the order XLA's combiner walks a computation: its post
+    order (``HloComputation::MakeInstructionPostOrder``), depth first from the outputs in
+    order, each node after its operands, taken in order. A node no output reads gets -1
+    (XLA drops it). A loop's carry reads its body's result, a node after it: that edge
+    back is not followed (XLA's computations have none)."""
+    place = [-1] * len(graph.nodes)
+    count = 0
+    entered = [False] * len(graph.nodes)
+    for out in graph.outputs:
+        if out is None or place[graph.values[out].producer] >= 0:
+            continue
+        stack = [(graph.values[out].producer, False)]
+        while stack:
+            node_id, expanded = stack.pop()
+            if place[node_id] >= 0 or (entered[node_id] and not expanded):
+                continue
+            entered[node_id] = True
+            if expanded:
+                place[node_id] = count
+                count += 1
+                continue
+            stack.append((node_id, True))
+            for v in reversed(graph.nodes[node_id].operands):   # the first taken first
+                if v is not None and place[graph.values[v].producer] < 0:
+                    stack.append((graph.values[v].producer, False))
+    return place
+
+
+def combined_kinds(graph: Graph, strategies: Sequence[Sequence[Strategy]]) -> list[frozenset]:
+    """Per node, the combined collectives (kind, axes) some strategy of it makes."""
+    kinds: dict[int, frozenset] = {}   # identical nodes share their strategies
+    out = []
+    for found in strategies:
+        if id(found) not in kinds:
+            kinds[id(found)] = frozenset(k for s in found for k in s.combined)
+        out.append(kinds[id(found)])
+    return out
+
+
+def trailing_ancestors(graph: Graph, strategies: Sequence[Sequence[Strategy]],
+                       trailing: Sequence[bool]) -> list[dict]:
+    """Per trailing node, per combined collective (kind, axes): the trailing nodes of its
+    computation before it that may make that collective and that XLA's combiner may
+    still hold in the combined op it is filling when it reaches the node, so that the
+    node's collective starts another. XLA's combiner merges like collectives none of
+    which depends on another: an all-reduced input gradient of the first layer and a
+    layer norm's statistic summed from it run as two, however late; the loss's sum over
+    the batch joins the weight gradients, on no collective of its kind.
+
+    The combiner walks the computation in post order (``combiner_order``) and fills one
+    op with like collectives until it reaches one that depends on a collective in it;
+    that one starts the next op (``CombineInstructionsByKey``). So each collective that
+    depends on a like one since the last such collective before it costs one op more.
+    A global norm over sharded gradients (``clip_by_global_norm``) reaches each
+    gradient's all-reduce just before the all-reduce of its sum of squares: one op per
+    gradient. A sum that reads every gradient after all of them costs one op more."""
+    scopes = [loop_scope(node) for node in graph.nodes]
+    kinds = combined_kinds(graph, strategies)
+    ancestors: list[dict] = [{} for _ in graph.nodes]
+    for node in graph.nodes:
+        if not trailing[node.id]:
+            continue
+        merged = ancestors[node.id]
+        for v in node.operands:
+            if v is None:
+                continue
+            p = graph.values[v].producer
+            if not trailing[p] or scopes[p] != scopes[node.id]:
+                continue
+            for key, nodes in ancestors[p].items():
+                merged[key] = merged[key] | nodes if key in merged else nodes
+            for key in kinds[p]:
+                merged[key] = merged.get(key, frozenset()) | {p}
+    return since_last_dependent(graph, ancestors, kinds, scopes)
+
+
+def since_last_dependent(graph: Graph, ancestors: list[dict], kinds, scopes) -> list[dict]:
+    """``ancestors`` (per node, per combined collective, the like trailing nodes it depends
+    on) kept to those the combiner reaches at or after the last node before it, in its
+    post order, that may make that collective depending on a like one: a node where the
+    combiner may have started another op, which that node opens."""
+    place = combiner_order(graph)
+    last: dict[tuple, int] = {}   # per (collective, computation): the last dependent's place
+    before: list[dict] = [{} for _ in graph.nodes]
+    for node_id in sorted((n for n in range(len(graph.nodes)) if place[n] >= 0),
+                          key=place.__getitem__):
+        for key, nodes in ancestors[node_id].items():
+            if key not in kinds[node_id]:
+                continue
+            since = last.get((key, scopes[node_id]), -1)
+            kept = frozenset(p for p in nodes if place[p] >= since)
+            if kept:
+                before[node_id][key] = kept
+            last[key, scopes[node_id]] = place[node_id]
+    return before
