@@ -10,14 +10,24 @@ from autoshard.target.deviceless import allow_deviceless_cuda, target_mesh
 
 allow_deviceless_cuda()   # before JAX's backend starts: GPU targets compile on any machine
 
-from autoshard.rewrite.accumulate import value_and_grad
+from autoshard.errors import (
+                              AutoshardError,
+                              HardwareError,
+                              InputError,
+                              LaunchError,
+                              MemoryBudgetError,
+                              MeshError,
+                              OptionError,
+                              PathError,
+                              PinError,
+                              PlanError,
+                              TraceError,
+)
 from autoshard.planning.api import AutoSharded, auto_shard, plan
-from autoshard.errors import (AutoshardError, HardwareError, InputError, LaunchError,
-                              MemoryBudgetError, MeshError, OptionError, PathError, PinError,
-                              PlanError, TraceError)
+from autoshard.planning.plan import Plan, PlanCost
+from autoshard.rewrite.accumulate import value_and_grad
 from autoshard.target.hardware import H100, Hardware
 from autoshard.target.mesh import make_mesh
-from autoshard.planning.plan import Plan, PlanCost
 
 __all__ = ["AutoSharded", "AutoshardError", "H100", "Hardware", "HardwareError", "InputError",
            "LaunchError", "MemoryBudgetError", "MeshError", "OptionError", "PathError", "PinError",

@@ -31,13 +31,14 @@ from scipy import stats  # noqa: E402
 
 import autoshard  # noqa: E402
 from autoshard.frontend import specs  # noqa: E402
-from autoshard.zoo import experts, models
 from autoshard.report.hlo_report import hlo_report  # noqa: E402
-from autoshard.units import axis_sizes  # noqa: E402
 from autoshard.testing import plain  # noqa: E402
+from autoshard.units import axis_sizes  # noqa: E402
+from autoshard.zoo import experts, models
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from plan_quality import hardware_for, mesh_for  # noqa: E402
+
 
 class CorpusProgram:
     """A step from ``autoshard.testing.corpus`` (at its "small" size) as ``measure`` reads

@@ -45,9 +45,9 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
 import jax  # noqa: E402
 
 import autoshard  # noqa: E402
-from autoshard.zoo import experts  # noqa: E402
 from autoshard.cost import forget_prices  # noqa: E402
 from autoshard.report.hlo_report import hlo_report  # noqa: E402
+from autoshard.zoo import experts  # noqa: E402
 from autoshard.zoo.models import gpt  # noqa: E402
 
 HARDWARE = autoshard.H100

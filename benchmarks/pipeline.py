@@ -40,8 +40,8 @@ def hardware(autoshard):
 
 def gpt_part(args) -> None:
     import autoshard
-    from autoshard.zoo import experts
     from autoshard.report.hlo_report import hlo_report
+    from autoshard.zoo import experts
     from autoshard.zoo.models import gpt
 
     cfg = gpt.GPTConfig(vocab=32000, seq=args.seq, d_model=args.d_model, heads=16,

@@ -38,13 +38,14 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
 import jax  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P
 
 import autoshard  # noqa: E402
-from autoshard.zoo import experts, models  # noqa: E402
 from autoshard.errors import MemoryBudgetError  # noqa: E402
 from autoshard.report.hlo_report import hlo_report  # noqa: E402
 from autoshard.testing import plain, programs  # noqa: E402
+from autoshard.zoo import experts, models  # noqa: E402
 
 NVLINK = 3.6e11        # bytes/s per device inside a node
 INTER_NODE = 4e10      # bytes/s per device between nodes

@@ -28,9 +28,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import autoshard  # noqa: E402
+from autoshard.cost import reshard_collectives  # noqa: E402
 from autoshard.frontend import specs  # noqa: E402
 from autoshard.runtime import cli
-from autoshard.cost import reshard_collectives  # noqa: E402
 from autoshard.testing.reshards import compiled_reshard  # noqa: E402
 
 AXIS_NAMES = ("x", "y", "z")

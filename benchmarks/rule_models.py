@@ -27,11 +27,12 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P
 
 import autoshard  # noqa: E402
-from autoshard.target.hardware import H100  # noqa: E402
 from autoshard.report.hlo_report import hlo_report  # noqa: E402
+from autoshard.target.hardware import H100  # noqa: E402
 
 MESHES = {"8": ((8,), ("data",)), "2x4": ((2, 4), ("data", "model"))}
 

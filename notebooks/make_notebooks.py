@@ -380,7 +380,7 @@ for name in models.names():
 ## Each model's plans
 '''),
     code('''
-for name, view in comparisons.items():
+for view in comparisons.values():
     display(view)
 '''),
     md('''

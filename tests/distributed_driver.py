@@ -57,6 +57,7 @@ def make_case(model: str, batch: int):
     if model != "lm":
         return zoo_case(model, batch)
     import numpy as np
+
     from autoshard.testing.programs import transformer_train_step
     program = transformer_train_step(batch=batch)
     fn = program.fn
@@ -117,6 +118,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     info = distributed.initialize()
     import jax
+
     from autoshard.runtime.checkpoint import Checkpointer, abstract_state
 
     batch = args.batch

@@ -11,10 +11,10 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import autoshard
+from autoshard.report.hlo_report import hlo_report
+from autoshard.rewrite.apply import collection_paused, constraining_every_result
 from autoshard.runtime import cli
 from autoshard.zoo import models
-from autoshard.rewrite.apply import collection_paused, constraining_every_result
-from autoshard.report.hlo_report import hlo_report
 
 
 def constraint_count(plan) -> int:
@@ -109,8 +109,8 @@ def constraints(jaxpr) -> list:
 
 
 def rewritten(fn, decisions, mesh, *dims):
-    from autoshard.rewrite.apply import rewrite
     from autoshard.frontend.trace import trace
+    from autoshard.rewrite.apply import rewrite
     avals = [jax.ShapeDtypeStruct(d, jnp.float32) for d in dims]
     closed = trace(fn, *avals).closed_jaxpr
     return jax.make_jaxpr(rewrite(closed, decisions, mesh))(*avals).jaxpr
@@ -156,8 +156,8 @@ def test_a_dynamic_slice_at_a_traced_start_is_kept_apart(mesh_1d):
 # -- the rewrite written as a jaxpr ----------------------------------------------------------
 
 def written(fn, decisions, mesh, *dims):
-    from autoshard.rewrite.apply import JaxprWriter
     from autoshard.frontend.trace import trace
+    from autoshard.rewrite.apply import JaxprWriter
     avals = [jax.ShapeDtypeStruct(d, jnp.float32) for d in dims]
     return JaxprWriter(decisions, mesh).write(trace(fn, *avals).closed_jaxpr).jaxpr
 
@@ -184,8 +184,8 @@ def test_the_written_rewrite_holds_the_interpreted_ones_equations(mesh_1d):
 
 
 def test_a_loop_is_left_to_the_interpreter(mesh_1d):
-    from autoshard.rewrite.apply import Decision, JaxprWriter, Unwritten, rewritten_function
     from autoshard.frontend.trace import trace
+    from autoshard.rewrite.apply import Decision, JaxprWriter, Unwritten, rewritten_function
 
     def fn(c, xs):
         return jax.lax.scan(lambda c, x: (jnp.sin(c) + x, None), c, xs)[0]
@@ -219,7 +219,8 @@ def test_the_written_rewrite_compiles_to_the_interpreted_program(mesh_2d, monkey
     traced = plan.jit(case.donate_argnums).trace(*args).jaxpr.jaxpr
     assert [e.primitive.name for e in traced.eqns] == ["jit"]
     written = compiled_text()
-    monkeypatch.setattr(autoshard.rewrite.apply, "rewritten_function", autoshard.rewrite.apply.rewrite)
+    apply = autoshard.rewrite.apply
+    monkeypatch.setattr(apply, "rewritten_function", apply.rewrite)
     assert written == compiled_text()
     want = jax.device_get(plan.jit(())(*case.args))
     monkeypatch.undo()

@@ -7,14 +7,15 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from xla_habits import CPU_WIDENS_NARROW_DOTS
 
 import autoshard
-from autoshard.target.hardware import Backend
-from autoshard.report.hlo_report import hlo_report
 from autoshard.cost.strategies import build_strategies
 from autoshard.frontend.trace import trace
-from xla_habits import CPU_WIDENS_NARROW_DOTS
+from autoshard.report.hlo_report import hlo_report
+from autoshard.target.hardware import Backend
 
 
 def matmul(x, w):

@@ -16,11 +16,21 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import autoshard
+from autoshard.errors import (
+    AutoshardError,
+    HardwareError,
+    InputError,
+    LaunchError,
+    MeshError,
+    OptionError,
+    PathError,
+    PinError,
+    PlanError,
+    TraceError,
+)
 from autoshard.report import judge, viz
 from autoshard.runtime import cli
-from autoshard.runtime.checkpoint import CheckpointError, Checkpointer, latest_step
-from autoshard.errors import (AutoshardError, HardwareError, InputError, LaunchError, MeshError,
-                              OptionError, PathError, PinError, PlanError, TraceError)
+from autoshard.runtime.checkpoint import Checkpointer, CheckpointError, latest_step
 from autoshard.runtime.launch import launch
 
 W = jax.ShapeDtypeStruct((16, 32), jnp.float32)

@@ -19,23 +19,30 @@ import numpy as np
 import pytest
 
 import autoshard
-from autoshard.planning import api
-from autoshard.solver import search
-from autoshard.zoo import models
-from autoshard.rewrite.accumulate import Microbatching, microbatching
-from autoshard.solver.bounds import memory_floor, tiebreak_ceiling
-from autoshard.solver.coarsen import coarsen
 from autoshard.cost import build_cost_graph
 from autoshard.cost import graph as cost_graph
-from autoshard.target.hardware import Backend
-from autoshard.report.hlo_report import hlo_report
-from autoshard.units import axis_sizes
-from autoshard.solver.request import (CopyTerm, GroupTerm, LiveRows, PairTerm, Request,
-                               SharedEdgeCost, peak_memory)
-from autoshard.solver.solve import CannotBeat, InfeasibleBudget, smallest_memory_choice, solve
 from autoshard.cost.strategies import build_strategies
-from autoshard.testing import plain
 from autoshard.frontend.trace import build_graph, trace_program
+from autoshard.planning import api
+from autoshard.report.hlo_report import hlo_report
+from autoshard.rewrite.accumulate import Microbatching, microbatching
+from autoshard.solver import search
+from autoshard.solver.bounds import memory_floor, tiebreak_ceiling
+from autoshard.solver.coarsen import coarsen
+from autoshard.solver.request import (
+    CopyTerm,
+    GroupTerm,
+    LiveRows,
+    PairTerm,
+    Request,
+    SharedEdgeCost,
+    peak_memory,
+)
+from autoshard.solver.solve import CannotBeat, InfeasibleBudget, smallest_memory_choice, solve
+from autoshard.target.hardware import Backend
+from autoshard.testing import plain
+from autoshard.units import axis_sizes
+from autoshard.zoo import models
 
 RANDOM_CHOICES = 200
 SMALL_REQUESTS = 100

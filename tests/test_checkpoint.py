@@ -5,16 +5,16 @@ from __future__ import annotations
 import os
 import shutil
 
+import distributed_runs as runs
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import autoshard
-from autoshard.runtime.checkpoint import CheckpointError, Checkpointer, abstract_state, latest_step
-
-import distributed_runs as runs
+from autoshard.runtime.checkpoint import Checkpointer, CheckpointError, abstract_state, latest_step
 
 RTOL = 1e-5
 

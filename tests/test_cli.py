@@ -12,8 +12,8 @@ from autoshard.runtime import cli
 
 def autoshard(*args, timeout=600):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    return subprocess.run([sys.executable, "-m", "autoshard.runtime.cli", *args], capture_output=True,
-                          text=True, timeout=timeout, env=env)
+    return subprocess.run([sys.executable, "-m", "autoshard.runtime.cli", *args],
+                          capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def test_list():

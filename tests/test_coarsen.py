@@ -19,12 +19,19 @@ import autoshard
 from autoshard.planning import cache as plan_cache
 from autoshard.planning import progress
 from autoshard.solver import coarsen
-from autoshard.zoo import models
-from autoshard.solver.request import (CopyTerm, GroupTerm, LiveRows, PairTerm, Request,
-                               SharedEdgeCost, evaluate)
+from autoshard.solver.request import (
+    CopyTerm,
+    GroupTerm,
+    LiveRows,
+    PairTerm,
+    Request,
+    SharedEdgeCost,
+    evaluate,
+)
 from autoshard.solver.solve import solve
 from autoshard.testing import programs
 from autoshard.testing.requests import brute_force
+from autoshard.zoo import models
 
 # Slow devices and cheap links: even tiny layers gain from being split, so every layer
 # has a real choice to make.

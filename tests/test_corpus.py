@@ -133,38 +133,38 @@ LIBRARIES = {"gpt2": "transformers", "llama": "transformers", "bert": "transform
 CLIPPED = ("haiku_clip", "linen_clip", "equinox_clip")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _case(name):
     pytest.importorskip(LIBRARIES[name])
     return corpus.build(name)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _mesh(mesh_name):
     shape, names = MESHES[mesh_name]
     return autoshard.make_mesh(shape, names)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _plan(name, mesh_name):
     case = _case(name)
     return autoshard.plan(case.fn, *case.args, mesh=_mesh(mesh_name), progress=False)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiled(name, mesh_name):
     """The plan compiled once, for its numerics and its price (takes held arguments)."""
     case = _case(name)
     return _plan(name, mesh_name).jit().lower(*case.args).compile()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _reference(name):
     case = _case(name)
     return jax.tree.leaves(jax.jit(case.held_fn)(*case.held_args()))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _missing(name):
     return frozenset(corpus.primitives_without_rule(_case(name)))
 

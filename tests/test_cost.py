@@ -13,16 +13,17 @@ import itertools
 import jax
 import jax.numpy as jnp
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import autoshard
-from autoshard.frontend import specs
 from autoshard.cost import build_cost_graph, reshard_collectives, reshard_seconds
-from autoshard.report.hlo_report import hlo_report
 from autoshard.cost.strategies import build_strategies
+from autoshard.frontend import specs
+from autoshard.frontend.trace import trace
+from autoshard.report.hlo_report import hlo_report
 from autoshard.target.hardware import Hardware
 from autoshard.testing.reshards import compiled_reshard
-from autoshard.frontend.trace import trace
 
 HW = Hardware(flops=1e12, hbm_bandwidth=1e11, memory=1e9,
               link_bandwidth={"a": 1e10, "b": 4e10}, link_latency=1e-6)

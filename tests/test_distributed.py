@@ -12,12 +12,11 @@ import subprocess
 import sys
 import time
 
+import distributed_runs as runs
 import numpy as np
 import pytest
 
 from autoshard.runtime import distributed, launch
-
-import distributed_runs as runs
 
 RTOL = 1e-5
 
@@ -132,7 +131,8 @@ def test_plan_hash_survives_json_round_trip(mesh_2d):
 
 
 def test_put_batch_and_to_host_round_trip(mesh_2d):
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
     batch = {"inputs": np.arange(128, dtype=np.int32).reshape(8, 16)}
     sharding = NamedSharding(mesh_2d, P("data", "model"))
     placed = distributed.put_batch(batch, {"inputs": sharding})

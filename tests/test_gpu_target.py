@@ -14,9 +14,9 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import autoshard
-from autoshard.target import hardware, deviceless
 from autoshard.errors import MeshError
 from autoshard.report.hlo_report import hlo_report
+from autoshard.target import deviceless, hardware
 
 needs_plugin = pytest.mark.skipif(not deviceless.cuda_plugin_installed(),
                                   reason='GPU targets need JAX\'s CUDA plugin: '
@@ -120,8 +120,8 @@ def test_report_memory_is_xla_gpu_buffer_assignment():
 @needs_plugin
 @pytest.mark.slow
 def test_zoo_compiles_for_h100s_without_one(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "autoshard.runtime.cli", "zoo", "gpt", "--size", "tiny",
-                          "--target", "h100", "--mesh", "2x8"],
+    out = subprocess.run([sys.executable, "-m", "autoshard.runtime.cli", "zoo", "gpt",
+                          "--size", "tiny", "--target", "h100", "--mesh", "2x8"],
                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "NVIDIA H100 80GB HBM3" in out.stdout

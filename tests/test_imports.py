@@ -1,6 +1,8 @@
-"""The package's modules import each other without cycles: the stages import downwards
-(``api`` -> ``plan`` -> ``apply`` -> ``trace``), the user layer (``viz``, ``judge``,
-``cli``) sits on top, and each module imports on its own in a fresh interpreter."""
+"""The package's folders are its layers, and they import downwards only: the solver at the
+bottom (numbers, no jax), then the frontend (jaxprs), the target (devices and XLA's habits),
+the rules, the cost stage, the rewrite, planning, the reports, the zoo, the test programs
+and the runtime on top. No module imports in a cycle, and each imports on its own in a
+fresh interpreter."""
 
 import ast
 import pathlib
@@ -12,12 +14,19 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "autoshard"
 
+# The layers, lowest first: a module imports from its own layer and the ones below.
+LAYERS = (("errors", "units", "extras"), ("solver",), ("frontend",), ("target",), ("rules",),
+          ("cost",), ("rewrite",), ("planning",), ("report",), ("zoo",), ("testing",),
+          ("runtime",))
 # Imports made when a function runs that point back up the layers, each for a reason. Each
 # closes a cycle of two: the target imports the source and nothing that leads back to it.
 UPWARD = {
-    ("autoshard.planning.plan", "autoshard.report.viz"): "Plan.summary / explain / diff hand over to viz",
-    ("autoshard.target.hardware", "autoshard.frontend.validate"): "Hardware checks its own fields",
+    ("autoshard.planning.plan", "autoshard.report.viz"):
+        "Plan.summary / explain / diff hand over to viz",
+    ("autoshard.planning.plan", "autoshard.report.hlo_report"):
+        "Plan.report compiles the plan and reads its program",
 }
+NO_JAX = ("jax", "jaxlib", "flax")   # what the solver's modules never reach
 
 
 def module_names() -> dict[str, pathlib.Path]:
@@ -95,6 +104,59 @@ def reaches(graph, start: str, goal: str) -> bool:
             seen.add(u)
             stack.extend(graph[u])
     return False
+
+
+def layer_of(module: str) -> int:
+    """The rank of ``module``'s layer (``autoshard.<folder or module>...``)."""
+    first = module.split(".")[1]
+    return next(i for i, names in enumerate(LAYERS) if first in names)
+
+
+def test_layers_import_downwards():
+    graph = import_graph(skip=UPWARD)
+    upward = [(source, target) for source, targets in graph.items() if source != "autoshard"
+              for target in targets if layer_of(target) > layer_of(source)]
+    assert not upward, upward
+
+
+def test_every_module_has_a_layer():
+    for name in module_names():
+        if name != "autoshard":
+            layer_of(name)
+
+
+def external_imports(path: pathlib.Path) -> set[str]:
+    """The top-level packages outside autoshard that a module imports, guards included."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+    return found - {"autoshard"}
+
+
+def test_the_solver_imports_no_jax():
+    """The solver reads numbers: nothing it reaches imports jax, so it is tested and
+    reasoned about without JAX's tracing."""
+    names, graph = module_names(), import_graph()
+    solver = [n for n in names if n.startswith("autoshard.solver")]
+    reached, stack = set(), list(solver)
+    while stack:
+        module = stack.pop()
+        if module not in reached:
+            reached.add(module)
+            stack.extend(t for t in graph[module] if t != "autoshard")
+    culprits = {m: external_imports(names[m]) & set(NO_JAX) for m in reached}
+    assert not {m: c for m, c in culprits.items() if c}
+    assert all(m.startswith("autoshard.solver") or m == "autoshard.errors" for m in reached), \
+        reached
+
+
+def test_an_upward_import_is_found(monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "LAYERS", LAYERS[::-1])
+    with pytest.raises(AssertionError):
+        test_layers_import_downwards()
 
 
 def test_no_import_cycles():

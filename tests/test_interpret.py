@@ -10,10 +10,10 @@ import pytest
 
 import autoshard
 from autoshard.frontend import interpret
-from autoshard.zoo import models
+from autoshard.frontend.trace import trace
 from autoshard.rewrite.apply import Rewriter
 from autoshard.testing import fuzz
-from autoshard.frontend.trace import trace
+from autoshard.zoo import models
 
 
 class RecordingRewriter(Rewriter):

@@ -24,19 +24,18 @@ import pytest
 from scipy import optimize
 
 import autoshard
-from autoshard.frontend import specs
-from autoshard.zoo import models
-from autoshard.solver.coarsen import coarsen, drop_dominated
 from autoshard.cost import build_cost_graph
-from autoshard.target.hardware import Backend
-from autoshard.units import axis_sizes
-from autoshard.zoo.models.case import TrainCase
-from autoshard.solver.request import Touching, evaluate, evaluation, group_seconds
-from autoshard.solver.request import is_valid
-from autoshard.solver.solve import MIP_GAP, SECONDS_SCALE, _Ilp, solve
 from autoshard.cost.strategies import build_strategies
-from autoshard.testing import plain
+from autoshard.frontend import specs
 from autoshard.frontend.trace import build_graph, trace_program
+from autoshard.solver.coarsen import coarsen, drop_dominated
+from autoshard.solver.request import Touching, evaluate, evaluation, group_seconds, is_valid
+from autoshard.solver.solve import MIP_GAP, SECONDS_SCALE, _Ilp, solve
+from autoshard.target.hardware import Backend
+from autoshard.testing import plain
+from autoshard.units import axis_sizes
+from autoshard.zoo import models
+from autoshard.zoo.models.case import TrainCase
 
 REUSE_TOLERANCE = 0.01   # reuse solves a layer once: at most 1 % over solving each alone
 # the pinned plans that helped before arguments stopped leading follower groups were
@@ -107,8 +106,9 @@ def random_pins(case, mesh, seed: int, fraction: float = 0.3) -> dict:
     """Random specs for a random part of the arguments, as the path form of ``pins``."""
     rng = np.random.default_rng(seed)
     sizes = axis_sizes(mesh)
-    paths = autoshard.zoo.experts.leaf_paths(case.state, "state") + autoshard.zoo.experts.leaf_paths(
-        case.make_batch(0), "batch")
+    experts = autoshard.zoo.experts
+    paths = (experts.leaf_paths(case.state, "state")
+             + experts.leaf_paths(case.make_batch(0), "batch"))
     leaves = jax.tree.leaves(case.args)
     pins = {}
     for path, leaf in zip(paths, leaves):
@@ -155,7 +155,8 @@ def cost_graph(name):
     case, mesh = case_of(name), mesh_of(CASES[name][1])
     graph = build_graph(trace_program(case.train_step, *case.abstract_args()))
     space = build_strategies(graph, axis_sizes(mesh), autoshard.H100, {}, Backend.of(mesh))
-    return build_cost_graph(space, (), Backend.of(mesh).native_reduce_scatter, False)   # as plan() first
+    # as plan() first prices it
+    return build_cost_graph(space, (), Backend.of(mesh).native_reduce_scatter, False)
 
 
 def solved(name):

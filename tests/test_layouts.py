@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import pytest
 
 import autoshard
-from autoshard.report.hlo_report import hlo_report
 from autoshard.frontend.trace import trace
+from autoshard.report.hlo_report import hlo_report
 from autoshard.target.xla import moves_no_data, transposes_dot_result
 
 F32 = jnp.float32

@@ -10,9 +10,9 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import autoshard
-from autoshard.zoo import models
 from autoshard.report.hlo_report import buffer_bytes, hlo_report
 from autoshard.testing import plain, programs
+from autoshard.zoo import models
 
 TOLERANCE = 0.10
 

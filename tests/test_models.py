@@ -10,7 +10,8 @@ import functools
 import jax
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import autoshard
 import autoshard.report.hlo_report
@@ -22,24 +23,24 @@ CORE = [("mlp", "tiny"), ("gpt", "tiny"), ("gpt_scan", "tiny"), ("moe", "tiny"),
 VARIANTS = [("gpt", "tiny_bf16"), ("moe", "tiny_top1")]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def case_of(name, size):
     return models.train_case(name, size)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference(name, size):
     case = case_of(name, size)
     return jax.device_get(jax.jit(case.train_step)(*case.args))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def plan_of(name, size, mesh):
     case = case_of(name, size)
     return autoshard.plan(case.train_step, *case.args, mesh=mesh)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def planned_step(name, size, mesh):
     return plan_of(name, size, mesh).jit()
 
@@ -231,7 +232,8 @@ def test_priced_budget_plan_matches_one_device(mesh_1d, monkeypatch):
                           cache=False)
     assert plan.solver["status"] in ("priced", "optimal")
     compiled = plan.jit().lower(*case.args).compile()     # judged as XLA counts it
-    assert autoshard.report.hlo_report.hlo_report(compiled, plan.hardware, mesh_1d).memory_bytes <= budget
+    report = autoshard.report.hlo_report.hlo_report(compiled, plan.hardware, mesh_1d)
+    assert report.memory_bytes <= budget
     assert plan.solver["lower_bound_s"] <= plan.cost.total_s * (1 + 1e-6)
     assert_matches(case, plan.jit()(*case.args), reference("gpt", "tiny"))
 

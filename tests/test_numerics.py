@@ -108,6 +108,7 @@ def test_vocab_parallel_loss_numerics(mesh_1d):
     """An LM head split on the vocabulary keeps its loss vocab-parallel: the gradient's
     scatter into the logits stays split (each device holds V/8 columns)."""
     from jax.sharding import PartitionSpec as P
+
     from autoshard.zoo.models import common
 
     def fn(w, x, y):

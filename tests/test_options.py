@@ -7,10 +7,10 @@ import pytest
 from jax.sharding import AxisType, PartitionSpec
 
 import autoshard
-from autoshard.planning.cache import plan_key
 from autoshard.errors import InputError, OptionError
-from autoshard.target.hardware import default_hardware
+from autoshard.planning.cache import plan_key
 from autoshard.planning.options import PlanOptions
+from autoshard.target.hardware import default_hardware
 
 
 def test_defaults_are_resolved(mesh_2d):

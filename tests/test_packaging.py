@@ -23,7 +23,7 @@ def test_core_needs_only_what_planning_needs():
 def test_jax_range_is_the_tested_one():
     """pyproject admits the JAX releases the suite runs on, from the oldest to the newest
     release line, and the installed JAX is one of them."""
-    import jax
+
     from autoshard.frontend import jax_compat
     (jax_req,) = [r for r in PYPROJECT["project"]["dependencies"] if r.startswith("jax")]
     oldest, newest = jax_compat.OLDEST, jax_compat.NEWEST

@@ -9,12 +9,13 @@ import random
 
 import numpy as np
 import pytest
-from hypothesis import example, given, settings, strategies as st
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 import autoshard
+from autoshard.cost import partitioner
 from autoshard.frontend import specs
 from autoshard.runtime import cli
-from autoshard.cost import partitioner
 from autoshard.testing.reshards import compiled_reshard
 
 SIZES = {"data": 2, "model": 4}

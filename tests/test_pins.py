@@ -3,11 +3,12 @@
 import jax
 import jax.numpy as jnp
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import autoshard
-from autoshard.frontend import specs
 from autoshard.errors import PinError
+from autoshard.frontend import specs
 
 
 def step(params, batch):

@@ -234,7 +234,8 @@ def test_past_the_cap_a_shared_copy_is_held_once_and_paid_per_read(mesh_1d, monk
     from autoshard.cost import strategies
     from autoshard.frontend import trace
     from autoshard.planning import api
-    from autoshard.solver import request as requests, solve
+    from autoshard.solver import request as requests
+    from autoshard.solver import solve
 
     fn, args, pins = two_readers_of_x(mesh_1d.axis_names[0])
     graph = trace.trace(fn, *args)

@@ -21,7 +21,7 @@ TRAIN_STEPS = [
 ]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _all_programs() -> dict:
     """``all_programs()`` by name, built once per test session."""
     return {p.name: p for p in programs.all_programs()}

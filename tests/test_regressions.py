@@ -69,9 +69,9 @@ CHEAP_LINKS = autoshard.Hardware(flops=1e6, hbm_bandwidth=1e6, link_bandwidth=1e
 
 def reader_strategies(fn, args, mesh, primitive):
     """Per node reading a result of ``primitive``: its strategies' specs for that operand."""
-    from autoshard.units import axis_sizes
     from autoshard.cost.strategies import build_strategies
     from autoshard.frontend.trace import build_graph, trace_program
+    from autoshard.units import axis_sizes
     graph = build_graph(trace_program(fn, *args))
     space = build_strategies(graph, axis_sizes(mesh), CHEAP_LINKS)
     found = []
@@ -110,9 +110,9 @@ def test_zero_size_arrays_stay_replicated(mesh_2d):
     plan = autoshard.plan(fn, x, mesh=mesh_2d, hardware=CHEAP_LINKS, cache=False,
                           progress=False)
     assert plan.out_specs == (((), ()), ((),))
-    from autoshard.units import axis_sizes
     from autoshard.cost.strategies import build_strategies
     from autoshard.frontend.trace import build_graph, trace_program
+    from autoshard.units import axis_sizes
     graph = build_graph(trace_program(fn, x))
     space = build_strategies(graph, axis_sizes(mesh_2d), CHEAP_LINKS)
     empty = [v for v in graph.values if 0 in v.shape]
@@ -268,8 +268,8 @@ def test_the_combiner_order_of_a_differentiated_loop_ends():
     budget) hung. The walk ends within a minute, placing each node it reaches once."""
     import signal
 
-    from autoshard.target import xla
     from autoshard.frontend.trace import build_graph, trace_program
+    from autoshard.target import xla
 
     def loss(x, c):
         y = lax.fori_loop(0, 4, lambda i, c: jnp.sin(c) * 0.9 + 0.1 * c, x)
@@ -298,10 +298,11 @@ def strategy_results(fn, args, mesh):
     the largest error, relative, of the conv computed in it (operands and result
     constrained as ``apply`` does) against one device's."""
     from jax.sharding import NamedSharding
-    from autoshard.frontend import specs
-    from autoshard.rules import rule_for
+
     from autoshard.cost.strategies import assignments, term_spec
+    from autoshard.frontend import specs
     from autoshard.frontend.trace import build_graph, trace_program
+    from autoshard.rules import rule_for
     from autoshard.units import axis_sizes
     expected = np.asarray(jax.jit(fn)(*args))
     (node,) = [n for n in build_graph(trace_program(fn, *args)).nodes
@@ -312,9 +313,10 @@ def strategy_results(fn, args, mesh):
         lhs, rhs = (sharding(term_spec(t, split)) for t in einsum.operands)
         out = sharding(term_spec(einsum.outputs[0], split))
 
-        def constrained(x, k):
-            x, k = lax.with_sharding_constraint(x, lhs), lax.with_sharding_constraint(k, rhs)
-            return lax.with_sharding_constraint(fn(x, k), out)
+        def constrained(x, k):   # traced within this iteration
+            x = lax.with_sharding_constraint(x, lhs)  # noqa: B023
+            k = lax.with_sharding_constraint(k, rhs)  # noqa: B023
+            return lax.with_sharding_constraint(fn(x, k), out)  # noqa: B023
         got = np.asarray(jax.jit(constrained)(*args))
         yield split, float(np.abs(got - expected).max() / np.abs(expected).max())
 

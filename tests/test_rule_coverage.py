@@ -49,6 +49,7 @@ def test_traced_primitives_never_reach_the_rules():
     """What the table calls planned by trace leaves no equation of its own in the graph."""
     import jax
     import jax.numpy as jnp
+
     from autoshard.frontend.trace import trace
 
     @jax.custom_jvp

@@ -8,11 +8,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import autoshard
 from autoshard.report import hlo_report as hlo_lib
 from autoshard.target.hardware import H100
-from jax.sharding import PartitionSpec as P
 
 RTOL, ATOL = 1e-5, 1e-6
 

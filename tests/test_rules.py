@@ -4,8 +4,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from autoshard.rules import rule_for
 from autoshard.frontend.trace import trace
+from autoshard.rules import rule_for
 
 
 def einsum_of(fn, *shapes, primitive=None):
@@ -184,7 +184,8 @@ def test_gather_of_whole_slices_splits_them(mesh_2d):
     """A vmapped dynamic index (a stage picking its layer) gathers whole slices of the
     layer's dims, whose starts XLA clamps to 0: they split, and the partitioned gather
     needs no collective."""
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     from autoshard import H100
     from autoshard.report.hlo_report import hlo_report
@@ -242,6 +243,7 @@ def test_unknown_primitive_warns_and_replicates():
 def test_replicated_on_purpose_does_not_warn():
     """A primitive of the replicated table (with its reason) stays whole, silently."""
     import warnings
+
     from autoshard.rules.replicated import REPLICATED
     graph = trace(lambda x: jnp.linalg.cholesky(x), jax.ShapeDtypeStruct((8, 8), jnp.float32))
     node = next(n for n in graph.nodes if n.primitive == "cholesky")

@@ -9,11 +9,11 @@ import jax.numpy as jnp
 import pytest
 
 import autoshard
-from autoshard.rewrite.accumulate import active_setting
 from autoshard.errors import MemoryBudgetError
 from autoshard.planning.options import PlanOptions
 from autoshard.planning.plan import ArgumentInfo, PlanCost
 from autoshard.planning.settings import plan_settings, replica_candidates
+from autoshard.rewrite.accumulate import active_setting
 from autoshard.solver.solve import CannotBeat
 
 ROWS = 64

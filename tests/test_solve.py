@@ -7,8 +7,18 @@ import numpy as np
 import pytest
 
 from autoshard.solver import solve as solve_module
-from autoshard.solver.request import (CopyTerm, GroupTerm, LiveRows, PairTerm, Request,
-                               SharedEdgeCost, Touching, evaluate, group_seconds, peak_memory)
+from autoshard.solver.request import (
+    CopyTerm,
+    GroupTerm,
+    LiveRows,
+    PairTerm,
+    Request,
+    SharedEdgeCost,
+    Touching,
+    evaluate,
+    group_seconds,
+    peak_memory,
+)
 from autoshard.solver.solve import InfeasibleBudget, greedy, solve
 from autoshard.testing.requests import brute_force
 

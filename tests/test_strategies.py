@@ -10,9 +10,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from autoshard.target.hardware import Hardware
 from autoshard.cost.strategies import build_strategies, value_strategies
 from autoshard.frontend.trace import trace
+from autoshard.target.hardware import Hardware
 
 HW = Hardware(flops=1e12, hbm_bandwidth=1e11, memory=1e9, link_bandwidth={"a": 1e10},
               link_latency=1e-6)

@@ -5,16 +5,15 @@ no stack is filled slice by slice."""
 import jax
 import jax.numpy as jnp
 import pytest
-
-import autoshard
-from autoshard.target.hardware import Backend
-from autoshard.report.hlo_report import hlo_report
-from autoshard.cost.strategies import build_strategies
-from autoshard.frontend.trace import build_graph, trace_program
-from autoshard.units import axis_sizes
-from autoshard.target.xla import hoisted_runs
 from xla_habits import CPU_WIDENS_NARROW_DOTS
 
+import autoshard
+from autoshard.cost.strategies import build_strategies
+from autoshard.frontend.trace import build_graph, trace_program
+from autoshard.report.hlo_report import hlo_report
+from autoshard.target.hardware import Backend
+from autoshard.target.xla import hoisted_runs
+from autoshard.units import axis_sizes
 
 F32 = jnp.float32
 ARGS = (jax.ShapeDtypeStruct((256, 4, 512), F32), jax.ShapeDtypeStruct((4, 256, 512), F32),

@@ -21,7 +21,7 @@ merges, which operands it copies into another layout) live in ``strategies`` and
 ``hardware``; ``docs/architecture.md`` says where each kind of fact goes.
 """
 
-from autoshard.cost.graph import TIEBREAK_SECONDS_PER_BYTE, CostGraph, build_cost_graph
+from autoshard.cost.graph import CostGraph, build_cost_graph
 from autoshard.cost.grouping import Menu
 from autoshard.cost.liveness import POINTER_BYTES
 from autoshard.cost.reshard import (
@@ -36,6 +36,6 @@ from autoshard.cost.shared import MAX_SHARED_COPIES, shared_reads
 
 __all__ = [
     "CostGraph", "Interner", "MAX_SHARED_COPIES", "Menu", "POINTER_BYTES", "REDUCTIONS",
-    "TIEBREAK_SECONDS_PER_BYTE", "build_cost_graph", "forget_prices",
+    "build_cost_graph", "forget_prices",
     "operand_reshard_seconds", "reshard_collectives", "reshard_seconds", "shared_reads",
 ]

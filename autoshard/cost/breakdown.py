@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from autoshard.cost import CostGraph, reshard_collectives
 
@@ -56,7 +56,7 @@ class CostItem:
                 "weight": self.weight, "reshard_s_by_kind": dict(self.reshard_s_by_kind)}
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "CostItem":
+    def from_dict(cls, d: Mapping) -> CostItem:
         return cls(d["label"], d["primitive"], float(d["compute_s"]),
                    {k: float(v) for k, v in d["comm_s_by_kind"].items()},
                    float(d["reshard_s"]), float(d.get("weight", 1.0)),

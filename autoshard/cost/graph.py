@@ -6,7 +6,7 @@ resharding matrix per edge between groups (``reshard``), shared copies and laten
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -14,10 +14,21 @@ from autoshard.cost.grouping import Grouping
 from autoshard.cost.liveness import Liveness
 from autoshard.cost.reshard import Interner, ReshardPrices
 from autoshard.cost.shared import SharedCopies
-from autoshard.solver.request import (Edge, GroupTerm, LiveRows, MemoryTerm, Request, SecondsParts,
-                               SharedCost, SharedEdgeCost, Tie, fewest_peak)
-from autoshard.solver.solve import InfeasibleBudget
 from autoshard.cost.strategies import StrategySpace
+from autoshard.solver.request import (
+    TIEBREAK_SECONDS_PER_BYTE,
+    Edge,
+    GroupTerm,
+    LiveRows,
+    MemoryTerm,
+    Request,
+    SecondsParts,
+    SharedCost,
+    SharedEdgeCost,
+    Tie,
+    fewest_peak,
+)
+from autoshard.solver.solve import InfeasibleBudget
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -145,7 +156,7 @@ class _Builder(Grouping, ReshardPrices, SharedCopies, Liveness):
                 [Edge(u, v, m) for (u, v), m in edges.items()], shared,
                 {read: key for read, (key, paid, _) in paid_once.items() if paid.any()})
 
-    def donation_ties(self) -> tuple["Tie", ...]:
+    def donation_ties(self) -> tuple[Tie, ...]:
         """A donated argument and the output written into its buffer keep one spec: the
         next step takes that output back as this argument, and XLA aliases only buffers
         sharded alike."""
@@ -160,10 +171,6 @@ class _Builder(Grouping, ReshardPrices, SharedCopies, Liveness):
             ties.append(Tie(gu, gv, np.array([ids[s] for s in srcs]),
                             np.array([ids[s] for s in dsts])))
         return tuple(ties)
-
-
-# Between plans of equal time, prefer the one that keeps fewer bytes per device.
-TIEBREAK_SECONDS_PER_BYTE = 1e-15
 
 
 def build_cost_graph(space: StrategySpace, donated: Sequence[tuple[int, int]] = (),

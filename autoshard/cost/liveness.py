@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from autoshard.frontend import specs
 from autoshard.cost.reshard import REDUCTIONS, Pairs
+from autoshard.frontend import specs
 from autoshard.solver.request import CopyTerm, GroupTerm, LiveRows, MemoryTerm, PairTerm
 from autoshard.target.xla import contraction, expensive, loop_scope, spreads, transposed_operands
-
 
 # XLA returns several results as a tuple: a buffer of one pointer per result, counted in
 # the compiled program's output bytes (a single result is returned as itself).
@@ -42,7 +41,7 @@ class Loops:
     unrolled: frozenset
 
     @classmethod
-    def of(cls, graph) -> "Loops":
+    def of(cls, graph) -> Loops:
         starts, ends, unrolled = {}, {}, set()
         for node in graph.nodes:
             if node.kind == "boundary" and node.primitive in LOOP_SEAMS:
@@ -163,7 +162,7 @@ class Liveness:
         sizes = [math.prod(self.graph.values[v].shape) for v in node.operands if v is not None]
         return sum(n > 1 for n in sizes) <= 1
 
-    def loops(self) -> "Loops":
+    def loops(self) -> Loops:
         """The program's loops, as XLA runs them (``Loops``); computed once."""
         if self._loops is None:
             self._loops = Loops.of(self.graph)
@@ -585,11 +584,12 @@ class Liveness:
             body, start, end = loop + ("body",), loops.starts[loop], loops.ends[loop]
             invariant: dict[int, bool] = {}
 
-            def entered(v):   # a value the body reads, as the loop sees it
-                if v is None or v in invariant:
-                    return v is None or invariant[v]
+            def entered(v):   # a value the body reads, as this iteration's loop sees it
+                if v is None or v in invariant:  # noqa: B023
+                    return v is None or invariant[v]  # noqa: B023
                 seam = graph.node_of(v)
-                return not (seam.key[:-2] == loop and seam.primitive != "loop_const")
+                return not (seam.key[:-2] == loop  # noqa: B023
+                            and seam.primitive != "loop_const")
 
             for node in graph.nodes[start:end + 1]:
                 if node.key[:len(body)] != body:

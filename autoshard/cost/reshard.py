@@ -5,16 +5,17 @@ the specs a reader reads it in (``ReshardPrices``, cached by shape and specs).""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from autoshard.target import hardware as hwlib
-from autoshard.frontend import specs
 from autoshard.cost import partitioner
-from autoshard.target.hardware import Hardware
-from autoshard.frontend.specs import Spec
 from autoshard.cost.strategies import Collective
+from autoshard.frontend import specs
+from autoshard.frontend.specs import Spec
+from autoshard.target import hardware as hwlib
+from autoshard.target.hardware import Hardware
 from autoshard.target.xla import wire_dtype
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ it would otherwise join (chained latencies)."""
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -10,20 +10,30 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
-from autoshard.target import hardware as hwlib
-from autoshard.frontend import specs
 from autoshard.errors import PinError
+from autoshard.frontend import specs
 from autoshard.frontend.graph import Graph, Node
-from autoshard.target.hardware import Backend, Hardware
+from autoshard.frontend.specs import Spec
 from autoshard.rules import RULES, Einsum, rule_for
 from autoshard.rules.replicated import REPLICATED
-from autoshard.frontend.specs import Spec
-from autoshard.target.xla import (collective_widening, contraction, fused_static_slices,
-                           hoisted_runs, materialized_values, moves_no_data, reshapes_dot_result,
-                           stored_widening, trailing_nodes, transposed_operands,
-                           transposes_dot_result, widening)
+from autoshard.target import hardware as hwlib
+from autoshard.target.hardware import Backend, Hardware
+from autoshard.target.xla import (
+    collective_widening,
+    contraction,
+    fused_static_slices,
+    hoisted_runs,
+    materialized_values,
+    moves_no_data,
+    reshapes_dot_result,
+    stored_widening,
+    trailing_nodes,
+    transposed_operands,
+    transposes_dot_result,
+    widening,
+)
 
 REPLICATED_BELOW_ELEMENTS = 1024   # arrays this small are kept whole
 MAX_STRATEGIES = 96

@@ -26,7 +26,8 @@ runs the same loop over graph values (a literal is no value of the graph).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 

@@ -32,7 +32,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import pkgutil
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import jax
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal, Primitive, Var

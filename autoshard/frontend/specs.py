@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 from jax.sharding import PartitionSpec
@@ -66,7 +66,8 @@ def nbytes(shape: Sequence[int], dtype) -> int:
     return math.prod(shape) * itemsize(dtype)
 
 
-def per_device_bytes(shape: Sequence[int], dtype, spec: Spec, axis_sizes: Mapping[str, int]) -> float:
+def per_device_bytes(shape: Sequence[int], dtype, spec: Spec,
+                     axis_sizes: Mapping[str, int]) -> float:
     return nbytes(shape, dtype) / num_shards(spec, axis_sizes)
 
 

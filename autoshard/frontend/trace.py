@@ -12,17 +12,18 @@ import dataclasses
 import inspect
 import numbers
 import sys
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
 
-from autoshard.frontend import interpret as ik
-from autoshard.frontend import jax_compat
-from autoshard.frontend import validate
 from autoshard.errors import InputError
+from autoshard.frontend import interpret as ik
+from autoshard.frontend import jax_compat, validate
 from autoshard.frontend.graph import Graph, Node, Value
 from autoshard.frontend.interpret import INLINED
+
 
 def argument_names(fn: Callable, num_args: int) -> list[str]:
     try:

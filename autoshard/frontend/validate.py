@@ -13,12 +13,21 @@ import numbers
 import os
 import pathlib
 import traceback
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from autoshard.errors import (AutoshardError, InputError, MeshError, OptionError, PathError,
-                              PinError, PlanError, TraceError)
+from autoshard.errors import (
+    AutoshardError,
+    InputError,
+    MeshError,
+    OptionError,
+    PathError,
+    PinError,
+    PlanError,
+    TraceError,
+)
 
 LIBRARY_PACKAGES = ("jax", "jaxlib", "autoshard", "flax", "optax", "numpy")
 
@@ -118,48 +127,6 @@ def pin_options(pins) -> None:
                               f"NamedSharding or None (free), got {type_name(leaf)} {leaf!r}")
 
 
-def plan_options(*, mesh, hardware, memory_budget, pins, donate_argnums, time_limit_s,
-                 reuse, cache, cache_directory, progress, num_args: int | None = None) -> None:
-    """The keywords of ``autoshard.plan`` and ``autoshard.auto_shard``."""
-    from jax.sharding import Mesh
-
-    from autoshard.target.hardware import Hardware
-    if not isinstance(mesh, Mesh):
-        raise MeshError(f"mesh must be a jax.sharding.Mesh (e.g. autoshard.make_mesh((2, 4), "
-                        f"('data', 'model'))), got {type_name(mesh)}")
-    mesh_axis_names(mesh.axis_names)
-    if hardware is not None and not isinstance(hardware, Hardware):
-        raise OptionError(f"hardware must be an autoshard.Hardware, got {type_name(hardware)}")
-    if memory_budget is not None:
-        number("memory_budget", memory_budget, positive=True, allow_inf=True)
-    pin_options(pins)
-    argnums("donate_argnums", donate_argnums, num_args)
-    number("time_limit_s", time_limit_s, positive=True)
-    flag("reuse", reuse)
-    flag("cache", cache)
-    flag("progress", progress, allow_none=True)
-    if cache_directory is not None:
-        directory_path("cache_directory", cache_directory, create=True)
-
-
-
-def setting_options(*, microbatches, pipeline, remat, repeats, axis_names) -> None:
-    """The settings of ``autoshard.plan`` (``microbatches``, ``pipeline``, ``remat``,
-    ``repeats``) on a mesh with axes ``axis_names``."""
-    from autoshard.rewrite.pipeline import REMAT_POLICIES
-    if repeats is not None and pipeline is None:
-        raise InputError(f"repeats={repeats!r} sets a pipeline's schedule: pass pipeline= "
-                         "too")
-    if pipeline is not None and pipeline != "auto" and pipeline not in axis_names:
-        raise InputError(f"pipeline names mesh axis {pipeline!r}; the mesh has "
-                         f"{list(axis_names)} (or pass 'auto')")
-    count_or_auto("microbatches", microbatches)
-    count_or_auto("repeats", repeats, " (1: GPipe, V >= 2: the circular schedule)")
-    if remat not in (None, "auto") and remat not in REMAT_POLICIES:
-        raise InputError(f"remat must be None, 'auto' or one of {sorted(REMAT_POLICIES)}, "
-                         f"not {remat!r}")
-
-
 def count_or_auto(name: str, value, meaning: str = "") -> None:
     """``value`` of option ``name`` is None, ``"auto"`` or a positive int, or
     ``InputError`` (``meaning``: what its values mean, for the message)."""
@@ -241,6 +208,7 @@ def leaf_dtype(path: str, dtype) -> None:
 def output_leaves(leaves_with_paths) -> None:
     """The traced function's results must be arrays (or numbers)."""
     import jax
+
     from autoshard.frontend.jax_compat import is_tracer
     for key_path, leaf in leaves_with_paths:
         if isinstance(leaf, (jax.Array, np.ndarray, np.generic, numbers.Number)) or \

@@ -7,29 +7,30 @@ import functools
 import os
 import time
 import warnings
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from autoshard.cost import CostGraph, build_cost_graph
+from autoshard.cost.strategies import build_strategies
+from autoshard.errors import MemoryBudgetError, PinError
 from autoshard.frontend import specs, validate
+from autoshard.frontend.trace import build_graph, hold_static_leaves, trace_program
+from autoshard.planning.cache import PLANS, cache_dir, plan_key
+from autoshard.planning.options import PlanOptions, plan_options
+from autoshard.planning.plan import Plan, PlannedProgram, Solution, program_fingerprint
+from autoshard.planning.progress import PlanProgress
+from autoshard.planning.settings import plan_settings
 from autoshard.rewrite.accumulate import active_pipeline
 from autoshard.rewrite.apply import collection_paused
-from autoshard.planning.cache import PLANS, cache_dir, plan_key
-from autoshard.cost import CostGraph, build_cost_graph
-from autoshard.errors import MemoryBudgetError, PinError
-from autoshard.target.hardware import Backend, Hardware
-from autoshard.planning.options import PlanOptions
-from autoshard.planning.plan import Plan, PlannedProgram, Solution, program_fingerprint
 from autoshard.rewrite.pipeline import constraint_pins
-from autoshard.planning.progress import PlanProgress
-from autoshard.solver.search import Solved, solve_copies
 from autoshard.solver.request import Request, Touching, evaluation, group_seconds
-from autoshard.planning.settings import plan_settings
+from autoshard.solver.search import Solved, solve_copies
 from autoshard.solver.solve import CannotBeat, InfeasibleBudget
-from autoshard.cost.strategies import build_strategies
-from autoshard.frontend.trace import build_graph, hold_static_leaves, trace_program
+from autoshard.target.hardware import Backend, Hardware
 from autoshard.units import axis_sizes
 
 
@@ -399,7 +400,7 @@ def budget_error(solved, graph, donated, budget: float, sizes) -> Exception:
 
 def tiebreak_seconds(request: Request, choice) -> float:
     """The part of the solver's objective that is no time: a price per byte held, which
-    breaks ties between plans of equal time (``cost.TIEBREAK_SECONDS_PER_BYTE``). The
+    breaks ties between plans of equal time (``request.TIEBREAK_SECONDS_PER_BYTE``). The
     objective is the plan's ``cost.total_s`` plus this."""
     return evaluation(request, choice).tiebreak_s
 
@@ -464,7 +465,7 @@ def auto_shard(fn: Callable | None = None, *, mesh: Mesh, hardware: Hardware | N
     kwargs = dict(mesh=mesh, hardware=hardware, memory_budget=memory_budget, pins=pins,
                   donate_argnums=donate_argnums, time_limit_s=time_limit_s, reuse=reuse,
                   cache=cache, cache_directory=cache_directory, progress=progress)
-    validate.plan_options(**kwargs)
+    plan_options(**kwargs)
     kwargs.update(microbatches=microbatches, pipeline=pipeline, remat=remat, repeats=repeats)
     if fn is None:
         return lambda f: AutoSharded(validate.function(f), **kwargs)

@@ -15,22 +15,23 @@ import hashlib
 import json
 import re
 import time
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from autoshard.frontend import specs, validate
-from autoshard.rewrite.apply import Decision, make_jit, propagation_gives
-from autoshard.cost.breakdown import CostItem, cost_breakdown, memory_parts
 from autoshard.cost import CostGraph, operand_reshard_seconds
+from autoshard.cost.breakdown import CostItem, cost_breakdown, memory_parts
 from autoshard.errors import AutoshardError, MeshError, PlanError
-from autoshard.target.hardware import Hardware
+from autoshard.frontend import specs, validate
 from autoshard.frontend.jax_compat import Literal, is_jaxpr, split_closed
-from autoshard.solver.request import Evaluation
 from autoshard.frontend.specs import Spec
 from autoshard.frontend.trace import argument_names, static_as_none
+from autoshard.rewrite.apply import Decision, make_jit, propagation_gives
+from autoshard.solver.request import Evaluation
+from autoshard.target.hardware import Hardware
 from autoshard.units import axis_sizes, format_bytes
 
 if TYPE_CHECKING:
@@ -345,10 +346,10 @@ class Plan:
                             "loaded from JSON")
         return self._program
 
-    def bind(self, fn, *args) -> "Plan":
+    def bind(self, fn, *args) -> Plan:
         """Attach the program to a plan loaded from JSON; checks it is the same program."""
-        from autoshard.rewrite.accumulate import microbatching
         from autoshard.frontend.trace import flatten_args, hold_static_leaves, release_static_leaves
+        from autoshard.rewrite.accumulate import microbatching
         validate.function(fn)
         leaves, _, in_tree = flatten_args(fn, args)
         if len(leaves) == len(self.arguments):
@@ -475,7 +476,7 @@ class Plan:
         return json.dumps(self.to_dict(), indent=indent)
 
     @classmethod
-    def from_json(cls, text: str, mesh: Mesh) -> "Plan":
+    def from_json(cls, text: str, mesh: Mesh) -> Plan:
         d = validate.plan_text(text)
         if d.get("format") != FORMAT_VERSION:
             raise PlanError(f"plan format {d.get('format')} is not {FORMAT_VERSION}")
@@ -497,7 +498,7 @@ class Plan:
             raise PlanError(f"plan JSON is malformed: {type(e).__name__} {e}") from None
 
     @classmethod
-    def _from_dict(cls, d: Mapping, mesh: Mesh) -> "Plan":
+    def _from_dict(cls, d: Mapping, mesh: Mesh) -> Plan:
         with json_field("arguments"):
             arguments = [argument_from_json(k, a, mesh) for k, a in enumerate(d["arguments"])]
         with json_field("outputs"):

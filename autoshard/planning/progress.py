@@ -21,7 +21,7 @@ class PlanProgress:
         self.lock = threading.Lock()
         self.timer = threading.Timer(SHOW_AFTER_S, self._show) if self.enabled else None
 
-    def __enter__(self) -> "PlanProgress":
+    def __enter__(self) -> PlanProgress:
         if self.timer is not None:
             self.timer.daemon = True
             self.timer.start()

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from autoshard.rewrite.accumulate import Microbatching, TraceRecord, microbatching
 from autoshard.errors import InputError, MemoryBudgetError
+from autoshard.frontend.specs import dim_shards
 from autoshard.planning.options import PlanOptions
+from autoshard.rewrite.accumulate import Microbatching, TraceRecord, microbatching
 from autoshard.rewrite.pipeline import Pipelining
 from autoshard.solver.solve import CannotBeat
-from autoshard.frontend.specs import dim_shards
 from autoshard.units import axis_sizes
 
 if TYPE_CHECKING:

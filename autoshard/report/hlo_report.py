@@ -24,7 +24,8 @@ import os
 import pathlib
 import re
 import tempfile
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -59,7 +60,7 @@ class Shape:
 
     dtype: str = "tuple"
     dims: tuple[int, ...] = ()
-    elements: tuple["Shape", ...] = ()
+    elements: tuple[Shape, ...] = ()
 
     @property
     def is_tuple(self) -> bool:
@@ -927,10 +928,11 @@ def report_from_module(module: HloModule, hardware: Hardware, mesh=None, memory=
         for collective in found:
             widened = _widened_from(comp, inst)
             if widened:
+                narrow = (collective.num_bytes * _DTYPE_BITS[widened[0]]
+                          // _DTYPE_BITS[widened[1]])
                 warnings.append(f"{collective.kind} {inst.name} moves {widened[1]} converted "
                                 f"from the program's {widened[0]}: {collective.num_bytes} "
-                                f"bytes where the program's dtype has "
-                                f"{collective.num_bytes * _DTYPE_BITS[widened[0]] // _DTYPE_BITS[widened[1]]}")
+                                f"bytes where the program's dtype has {narrow}")
         if not found and (op_flops or op_bytes):
             seconds = hardware.compute_seconds(op_flops, op_bytes) * count
             compute_s += seconds

@@ -15,20 +15,21 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from autoshard.errors import AutoshardError, MeshError, PlanError
 from autoshard.frontend import validate
 from autoshard.planning.api import plan as make_plan
-from autoshard.errors import AutoshardError, MeshError, PlanError
-from autoshard.target.hardware import H100
-from autoshard.report.hlo_report import Report, hlo_report
-from autoshard.target.mesh import make_mesh
 from autoshard.planning.plan import Plan
-from autoshard.units import mesh_str
+from autoshard.report.hlo_report import Report, hlo_report
 from autoshard.report.viz import CompareView, WhatIfView, is_sharding_leaf
+from autoshard.target.hardware import H100
+from autoshard.target.mesh import make_mesh
+from autoshard.units import mesh_str
 
 MESH_SHAPES_8 = ((1, 8), (2, 4), (4, 2), (8, 1))
 

@@ -27,19 +27,26 @@ import dataclasses
 import difflib
 import html
 import io
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from autoshard.frontend import specs, validate
-from autoshard.units import (axis_sizes, bytes_unit, format_bytes, format_seconds, mesh_str,
-                             time_unit)
 from autoshard.cost.breakdown import is_index, path_keys
 from autoshard.errors import AutoshardError, OptionError, PlanError
-from autoshard.planning.plan import Plan
+from autoshard.frontend import specs, validate
 from autoshard.frontend.specs import Spec
+from autoshard.planning.plan import Plan
+from autoshard.units import (
+    axis_sizes,
+    bytes_unit,
+    format_bytes,
+    format_seconds,
+    mesh_str,
+    time_unit,
+)
 
 __all__ = [
     "BreakdownView", "CompareView", "DiffView", "MemoryView", "ScoreboardView", "ShardingView",
@@ -1246,5 +1253,6 @@ def choice_sentences(arg, mesh: Mesh) -> str:
 
 if __name__ == "__main__":      # python -m autoshard.report.viz: the command ``autoshard view``
     import sys
+
     from autoshard.runtime.cli import main
     raise SystemExit(main(["view", *sys.argv[1:]]))

@@ -27,7 +27,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp

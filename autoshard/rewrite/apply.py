@@ -21,7 +21,7 @@ import contextvars
 import dataclasses
 import functools
 import gc
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import jax
 from jax import lax
@@ -32,8 +32,8 @@ from autoshard.frontend import jax_compat, specs
 from autoshard.frontend.interpret import INLINED
 from autoshard.frontend.jax_compat import Literal
 from autoshard.frontend.specs import Spec
-from autoshard.rules.elementwise import BINARY, NARY, UNARY
 from autoshard.frontend.trace import has_static_leaves, hold_static_leaves, release_static_leaves
+from autoshard.rules.elementwise import BINARY, NARY, UNARY
 
 ELEMENTWISE = frozenset(UNARY + BINARY + NARY) - {"optimization_barrier", "sharding_constraint"}
 

@@ -43,17 +43,16 @@ loss summed over layers) run per microbatch and are averaged over microbatches.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from autoshard.frontend import jax_compat
 from autoshard.errors import InputError
+from autoshard.frontend import jax_compat
 from autoshard.frontend.interpret import INLINED, bind, run_inlined, run_jaxpr
-
 
 # -- the stage shift -----------------------------------------------------------------------
 #

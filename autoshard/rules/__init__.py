@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 from autoshard.frontend.graph import Node
 
@@ -112,5 +112,15 @@ def replicate_all(node: Node, out_shapes) -> Einsum:
                   tuple((None,) * len(s) for s in out_shapes), {})
 
 
-from autoshard.rules import (control_flow, conv, dot, elementwise, fft, indexing,  # noqa: E402,F401
-                             reduce, replicated, shape, window)
+from autoshard.rules import (  # noqa: E402,F401
+    control_flow,
+    conv,
+    dot,
+    elementwise,
+    fft,
+    indexing,
+    reduce,
+    replicated,
+    shape,
+    window,
+)

@@ -25,7 +25,8 @@ Example::
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import numpy as np
@@ -84,6 +85,7 @@ class Checkpointer:
     def __init__(self, directory: str | os.PathLike, *, max_to_keep: int | None = 3,
                  async_save: bool = True):
         import orbax.checkpoint as ocp
+
         from autoshard.frontend import validate
         validate.directory_path("checkpoint directory", directory, create=True)
         validate.optional_count("max_to_keep", max_to_keep)
@@ -107,6 +109,7 @@ class Checkpointer:
         whether a save started (False if ``step`` exists already).
         """
         import orbax.checkpoint as ocp
+
         from autoshard.frontend import validate
         step = step_number("step", step)
         if data_position is not None:
@@ -117,7 +120,8 @@ class Checkpointer:
             raise CheckpointError(f"save: the state holds no arrays, got {type(state).__name__}")
         if step in self.all_steps():
             return False
-        meta = {"step": step, "data_position": step if data_position is None else int(data_position),
+        position = step if data_position is None else int(data_position)
+        meta = {"step": step, "data_position": position,
                 "process_count": jax.process_count(), "device_count": jax.device_count()}
         if plan is not None:
             from autoshard.runtime.distributed import plan_hash
@@ -204,7 +208,7 @@ class Checkpointer:
         self._manager.wait_until_finished()
         self._manager.close()
 
-    def __enter__(self) -> "Checkpointer":
+    def __enter__(self) -> Checkpointer:
         return self
 
     def __exit__(self, *exc) -> None:

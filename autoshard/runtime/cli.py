@@ -27,7 +27,6 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -147,7 +146,8 @@ def hardware_phrase(text: str | None, mesh) -> str:
 
 
 def launched() -> bool:
-    """Whether ``autoshard.runtime.launch`` (or a cluster launcher setting its variables) started us."""
+    """Whether ``autoshard.runtime.launch`` (or a cluster launcher setting its variables)
+    started us."""
     from autoshard.runtime.launch import ENV_COORDINATOR_ADDRESS, ENV_NUM_PROCESSES
     return bool(os.environ.get(ENV_COORDINATOR_ADDRESS) or os.environ.get(ENV_NUM_PROCESSES))
 
@@ -324,6 +324,7 @@ def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | N
                        "without autoshard launch")
     info = start_backend(1 if target is not None else count)
     import jax
+
     import autoshard
     import autoshard.report.hlo_report
     from autoshard.runtime import distributed, train
@@ -448,40 +449,40 @@ def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | N
 
 @app.command()
 def zoo(
-    model: Optional[str] = typer.Argument(None, help="zoo model, e.g. gpt (see --list)"),
+    model: str | None = typer.Argument(None, help="zoo model, e.g. gpt (see --list)"),
     size: str = typer.Option("tiny", help="size name: tiny, small, large, ..."),
     mesh: str = typer.Option(ZOO_DEFAULT_MESH, help="mesh shape, e.g. 8, 2x4 or 3x3 (on CPU, "
                                                      "as many simulated devices)"),
     steps: int = typer.Option(20, min=0, help="training steps to run (the last is step "
                                               "steps-1, also when resuming)"),
     list_models_: bool = typer.Option(False, "--list", help="list models and sizes"),
-    hardware: Optional[str] = typer.Option(
+    hardware: str | None = typer.Option(
         None, help="a profile (h100, h200, a100, ...), one slowed by a factor (h100/1000), or "
                    "a JSON file of Hardware fields; default: the GPU's kind, on CPU h100/1000"),
-    memory_budget: Optional[str] = typer.Option(None, help="bytes per device, e.g. 40GB"),
-    save_plan: Optional[Path] = typer.Option(None, help="write the plan as JSON here"),
-    axes: Optional[str] = typer.Option(None, help="mesh axis names, e.g. data,model"),
+    memory_budget: str | None = typer.Option(None, help="bytes per device, e.g. 40GB"),
+    save_plan: Path | None = typer.Option(None, help="write the plan as JSON here"),
+    axes: str | None = typer.Option(None, help="mesh axis names, e.g. data,model"),
     respect_annotations: bool = typer.Option(
         False, help="pin the model's nnx.with_partitioning annotations"),
     seed: int = typer.Option(0, help="seed of the initial params and the data"),
     full: bool = typer.Option(False, "--full", help="list every array in the plan table "
                                                    "(default: one row per layer pattern)"),
-    checkpoint_dir: Optional[Path] = typer.Option(
+    checkpoint_dir: Path | None = typer.Option(
         None, help="save sharded checkpoints of the train state here"),
     checkpoint_every: int = typer.Option(
         0, min=0, help="save a checkpoint after every K steps (0: never)"),
     resume: bool = typer.Option(
         False, "--resume", help="continue from the latest complete checkpoint in "
                                 "--checkpoint-dir"),
-    microbatches: Optional[str] = typer.Option(
+    microbatches: str | None = typer.Option(
         None, help="gradient accumulation: a count K or 'auto' (fastest K within the budget)"),
-    pipeline: Optional[str] = typer.Option(
+    pipeline: str | None = typer.Option(
         None, help="run the layer stack as a pipeline over this mesh axis, or 'auto' "
                    "(each axis, GPipe or circular, or none)"),
-    repeats: Optional[str] = typer.Option(
+    repeats: str | None = typer.Option(
         None, help="the pipeline's schedule: 1 (GPipe), V >= 2 (circular, V passes through "
                    "the stages), or 'auto'"),
-    target: Optional[str] = typer.Option(
+    target: str | None = typer.Option(
         None, help="plan and compile for GPUs of this kind (h100, h200, a100) that this "
                    "machine need not have, hosts of 8; implies --compile-only"),
     compile_only: bool = typer.Option(
@@ -510,17 +511,17 @@ def parse_count(flag: str, text: str) -> int | str:
 @app.command(context_settings={"allow_interspersed_args": False,
                                "ignore_unknown_options": True})
 def launch(
-    command: Optional[list[str]] = typer.Argument(
+    command: list[str] | None = typer.Argument(
         None, help="-- then the command every process runs"),
     num_processes: int = typer.Option(..., "-n", "--num-processes", min=1,
                                       help="processes to start"),
-    devices_per_process: Optional[int] = typer.Option(
+    devices_per_process: int | None = typer.Option(
         None, min=1, help="simulated CPU devices per process (default for a zoo run: its "
                           "mesh size / N)"),
     platform: str = typer.Option(
         "cpu", help="JAX_PLATFORMS for the processes ('cpu'; '' leaves it unset)"),
-    port: Optional[int] = typer.Option(None, help="coordinator port (default: a free one)"),
-    timeout: Optional[float] = typer.Option(None, help="seconds before terminating all"),
+    port: int | None = typer.Option(None, help="coordinator port (default: a free one)"),
+    timeout: float | None = typer.Option(None, help="seconds before terminating all"),
 ):
     """Run a command as N processes of one jax.distributed run on this machine.
 
@@ -541,6 +542,7 @@ def launch(
 def program_makers() -> dict:
     """The functions of ``autoshard.testing.programs`` that make a Program from defaults."""
     import inspect
+
     from autoshard.testing import programs
     makers = {name: getattr(programs, name) for name in programs.__all__}
     return {name: f for name, f in makers.items() if callable(f) and
@@ -552,8 +554,8 @@ def view(
     program: str = typer.Argument("transformer_train_step",
                                   help="a function of autoshard.testing.programs"),
     mesh: str = typer.Option("2x4", help="mesh shape, e.g. 2x4 (data x model)"),
-    axes: Optional[str] = typer.Option(None, help="mesh axis names, e.g. data,model"),
-    out: Optional[Path] = typer.Option(None, help="folder to save PNG figures into"),
+    axes: str | None = typer.Option(None, help="mesh axis names, e.g. data,model"),
+    out: Path | None = typer.Option(None, help="folder to save PNG figures into"),
 ):
     """Plan a test program and print its table, cost breakdown and memory; with --out,
     save the figures. Same as python -m autoshard.report.viz."""

@@ -36,16 +36,20 @@ import hashlib
 import itertools
 import json
 import os
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
 
-from autoshard.frontend import jax_compat, specs
 from autoshard.errors import AutoshardError
-
-from autoshard.runtime.launch import (ENV_COORDINATOR_ADDRESS, ENV_DEVICES_PER_PROCESS,  # noqa: F401
-                              ENV_NUM_PROCESSES, ENV_PROCESS_ID)
+from autoshard.frontend import jax_compat, specs
+from autoshard.runtime.launch import (  # noqa: F401
+    ENV_COORDINATOR_ADDRESS,
+    ENV_DEVICES_PER_PROCESS,
+    ENV_NUM_PROCESSES,
+    ENV_PROCESS_ID,
+)
 
 KV_PREFIX = "autoshard"
 
@@ -127,8 +131,8 @@ def process_info() -> ProcessInfo:
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
                process_id: int | None = None, *, devices_per_process: int | None = None,
-               local_device_ids: Sequence[int] | None = None, cpu_collectives: str = "gloo", timeout_s: int = 300,
-               shutdown_timeout_s: int = 60) -> ProcessInfo:
+               local_device_ids: Sequence[int] | None = None, cpu_collectives: str = "gloo",
+               timeout_s: int = 300, shutdown_timeout_s: int = 60) -> ProcessInfo:
     """Join the multi-process run this process belongs to, or run alone.
 
     Arguments left ``None`` come from ``AUTOSHARD_COORDINATOR_ADDRESS``,
@@ -410,7 +414,8 @@ def carried_pins(first_plan, argnum: int = 0, outnum: int = 0) -> dict:
     Keys are output paths (``"out[0]['params']['w']"``), values PartitionSpecs.
     """
     pins = {}
-    for key_path, index in jax.tree_util.tree_flatten_with_path(_arg_indices(first_plan, argnum))[0]:
+    indices = _arg_indices(first_plan, argnum)
+    for key_path, index in jax.tree_util.tree_flatten_with_path(indices)[0]:
         pins[f"out[{outnum}]" + jax.tree_util.keystr(key_path)] = specs.to_partition_spec(
             first_plan.arguments[index].spec)
     return pins

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 # The variables autoshard.runtime.distributed.initialize() reads (this module imports no jax).
 ENV_COORDINATOR_ADDRESS = "AUTOSHARD_COORDINATOR_ADDRESS"
@@ -82,7 +82,8 @@ def zoo_mesh(command: Sequence[str]) -> str | None:
     return None
 
 
-def default_devices_per_process(command: Sequence[str], num_processes: int) -> tuple[int | None, str]:
+def default_devices_per_process(command: Sequence[str],
+                                num_processes: int) -> tuple[int | None, str]:
     """CPU devices per process when ``--devices-per-process`` is not given, and a line to
     say about it: a zoo run's mesh size / ``num_processes``; otherwise None (JAX's one CPU
     device each) and what to pass for more, which the launcher says if the run fails.
@@ -170,8 +171,8 @@ def check_command(command: Sequence[str], num_processes: int,
     import numbers
     import shutil
 
-    from autoshard.frontend import validate
     from autoshard.errors import LaunchError
+    from autoshard.frontend import validate
     for name, value in (("num_processes", num_processes),
                         ("devices_per_process", devices_per_process)):
         if value is None and name == "devices_per_process":
@@ -261,6 +262,6 @@ def _wait(children: Sequence[Child], timeout_s: float | None, out, lock) -> int:
         return 130
 
 
-if __name__ == "__main__":      # python -m autoshard.runtime.launch: the command ``autoshard launch``
+if __name__ == "__main__":   # python -m autoshard.runtime.launch: ``autoshard launch``
     from autoshard.runtime.cli import main
     sys.exit(main(["launch", *sys.argv[1:]]))

@@ -7,7 +7,7 @@ at the row where that sum is largest. No choice holds less in that row, so a flo
 the budget proves the budget infeasible in one pass over the terms, where the solver
 needs a run of LPs to give up.
 
-``tiebreak_ceiling`` is the most the byte tiebreak (``cost.TIEBREAK_SECONDS_PER_BYTE``)
+``tiebreak_ceiling`` is the most the byte tiebreak (``request.TIEBREAK_SECONDS_PER_BYTE``)
 adds to any choice's seconds: a solver's bound on the objective, less it, bounds the
 plan's time.
 """
@@ -16,8 +16,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from autoshard.cost import TIEBREAK_SECONDS_PER_BYTE
-from autoshard.solver.request import GroupTerm, Request, allowed_mask, fewest_peak
+from autoshard.solver.request import (
+    TIEBREAK_SECONDS_PER_BYTE,
+    GroupTerm,
+    Request,
+    allowed_mask,
+    fewest_peak,
+)
 
 
 def memory_floor(request: Request) -> float:

@@ -25,13 +25,26 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from autoshard.cost import CostGraph
-from autoshard.solver.request import (CopyTerm, Edge, GroupTerm, MemoryTerm, PairTerm, Request,
-                               SharedCost, SharedEdgeCost, Tie, allowed_mask)
+from autoshard.solver.request import (
+    CopyTerm,
+    Edge,
+    GroupTerm,
+    MemoryTerm,
+    PairTerm,
+    Request,
+    SharedCost,
+    SharedEdgeCost,
+    Tie,
+    allowed_mask,
+)
+
+if TYPE_CHECKING:   # the cost stage's graph, read by attribute: the solver imports no jax
+    from autoshard.cost import CostGraph
 
 REFINE_ROUNDS = 4
 PERIOD = 2   # copies alternate between this many classes: Megatron pairs column and row

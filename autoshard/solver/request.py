@@ -15,9 +15,13 @@ reported cost, ``explain`` and the breakdown read it.
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
+
+# Between plans of equal time, prefer the one that keeps fewer bytes per device.
+TIEBREAK_SECONDS_PER_BYTE = 1e-15
 
 
 class Edge(NamedTuple):
@@ -337,7 +341,7 @@ class Touching:
     shared_edges: list
 
     @classmethod
-    def of(cls, request: Request, groups: Sequence[int] | None = None) -> "Touching":
+    def of(cls, request: Request, groups: Sequence[int] | None = None) -> Touching:
         """For every group, or only for ``groups`` (the others left with none)."""
         n = len(request.node_costs)
         wanted = np.ones(n, bool)

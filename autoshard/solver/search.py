@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from autoshard.solver.bounds import memory_floor, tiebreak_ceiling
 from autoshard.solver.coarsen import Coarsened, coarsen

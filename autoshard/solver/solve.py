@@ -23,15 +23,29 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from scipy import optimize, sparse
 
 from autoshard.solver import highs
-from autoshard.solver.request import (CopyTerm, GroupTerm, LiveRows, PairTerm, Request, Touching,
-                               allowed_mask, evaluate, fits, group_seconds, is_valid,
-                               peak_memory, row_bytes, term_values, tie_mask)
+from autoshard.solver.request import (
+    CopyTerm,
+    GroupTerm,
+    LiveRows,
+    PairTerm,
+    Request,
+    Touching,
+    allowed_mask,
+    evaluate,
+    fits,
+    group_seconds,
+    is_valid,
+    peak_memory,
+    row_bytes,
+    term_values,
+    tie_mask,
+)
 
 # HiGHS's model interface, for LPs re-solved from their last basis (``PricedLp``); None:
 # every LP solved cold through ``optimize.milp``

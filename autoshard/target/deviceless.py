@@ -15,8 +15,8 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+from collections.abc import Sequence
 from importlib import resources
-from typing import Sequence
 
 import numpy as np
 
@@ -59,7 +59,8 @@ def target_config(kind: str) -> str:
     kinds = target_kinds()
     if kind.lower() not in kinds:
         raise MeshError(f"no target config for GPU kind {kind!r}; kinds: {', '.join(kinds)}")
-    return (resources.files("autoshard.target") / TARGET_CONFIGS / f"{kind.lower()}.txtpb").read_text()
+    folder = resources.files("autoshard.target") / TARGET_CONFIGS
+    return (folder / f"{kind.lower()}.txtpb").read_text()
 
 
 def topology_name(num_devices: int, devices_per_host: int) -> str:

@@ -7,7 +7,7 @@ The same functions price the planner's choices (``cost``) and the compiled progr
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +51,7 @@ class Hardware:
         """Roofline time of an op doing ``flops`` and touching ``num_bytes`` of HBM."""
         return max(flops / self.flops, num_bytes / self.hbm_bandwidth)
 
-    def slowed(self, factor: float) -> "Hardware":
+    def slowed(self, factor: float) -> Hardware:
         """This device with ``factor`` times less FLOP/s and bandwidth; memory and latency
         unchanged. A model ``factor`` times smaller then weighs on it about as the full
         model weighs on the real device.
@@ -71,7 +71,7 @@ class Hardware:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "Hardware":
+    def from_dict(cls, d: Mapping) -> Hardware:
         from autoshard.errors import HardwareError
         if not isinstance(d, Mapping):
             raise HardwareError(f"hardware must be a mapping of Hardware fields, got "
@@ -195,14 +195,14 @@ class Backend:
         return kind if kind in self.combined else None
 
     @classmethod
-    def bare(cls) -> "Backend":
+    def bare(cls) -> Backend:
         """A backend that combines nothing, reduces each dtype at its own width and forms
         reduce-scatter: the plain prices of hand-built programs."""
         return cls(platform="bare", combined=(), collective_itemsize=0,
                    native_reduce_scatter=True)
 
     @classmethod
-    def of(cls, mesh) -> "Backend":
+    def of(cls, mesh) -> Backend:
         """The backend ``mesh``'s devices run on."""
         platform = mesh.devices.flat[0].platform
         family = "gpu" if platform in ("cuda", "rocm") else platform
@@ -224,28 +224,32 @@ def _ring(group_size: int) -> float:
     return (group_size - 1) / group_size if group_size > 1 else 0.0
 
 
-def all_reduce_seconds(num_bytes: float, group_size: int, bandwidth: float, latency: float) -> float:
+def all_reduce_seconds(num_bytes: float, group_size: int, bandwidth: float,
+                       latency: float) -> float:
     """Ring all-reduce of a ``num_bytes`` buffer on every device of the group."""
     if group_size <= 1:
         return 0.0
     return latency + 2 * _ring(group_size) * num_bytes / bandwidth
 
 
-def all_gather_seconds(num_bytes_out: float, group_size: int, bandwidth: float, latency: float) -> float:
+def all_gather_seconds(num_bytes_out: float, group_size: int, bandwidth: float,
+                       latency: float) -> float:
     """All-gather whose result is ``num_bytes_out`` per device."""
     if group_size <= 1:
         return 0.0
     return latency + _ring(group_size) * num_bytes_out / bandwidth
 
 
-def reduce_scatter_seconds(num_bytes_in: float, group_size: int, bandwidth: float, latency: float) -> float:
+def reduce_scatter_seconds(num_bytes_in: float, group_size: int, bandwidth: float,
+                           latency: float) -> float:
     """Reduce-scatter of a ``num_bytes_in`` buffer per device (result is 1/group_size)."""
     if group_size <= 1:
         return 0.0
     return latency + _ring(group_size) * num_bytes_in / bandwidth
 
 
-def all_to_all_seconds(num_bytes: float, group_size: int, bandwidth: float, latency: float) -> float:
+def all_to_all_seconds(num_bytes: float, group_size: int, bandwidth: float,
+                       latency: float) -> float:
     """All-to-all of a ``num_bytes`` buffer per device: each sends (n-1)/n of it."""
     if group_size <= 1:
         return 0.0

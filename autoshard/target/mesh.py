@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import numpy as np
@@ -27,7 +27,8 @@ def make_mesh(axis_shapes: Sequence[int], axis_names: Sequence[str], *, devices=
     devices = list(jax.devices() if devices is None else devices)
     needed = math.prod(axis_shapes)
     if needed > len(devices) or needed <= 0:
-        raise MeshError(f"mesh shape {axis_shapes} needs {needed} devices; {len(devices)} available")
+        raise MeshError(f"mesh shape {axis_shapes} needs {needed} devices; "
+                        f"{len(devices)} available")
     if devices == list(jax.devices()[:needed]) or devices == list(jax.devices()):
         return jax.make_mesh(axis_shapes, axis_names, axis_types=(AxisType.Auto,) * len(axis_names),
                              devices=devices[:needed])

@@ -36,16 +36,18 @@ import dataclasses
 import functools
 import os
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
+from autoshard.frontend.trace import hold_static_leaves, release_static_leaves
 from autoshard.zoo import experts
 from autoshard.zoo.experts import BATCH, DATA, MODEL
-from autoshard.frontend.trace import hold_static_leaves, release_static_leaves
 
 BATCH_SIZE = 8
 SEQ = 16
@@ -695,7 +697,7 @@ def build(name: str) -> CorpusCase:
 
 def primitives_without_rule(case: CorpusCase) -> set[str]:
     """The primitives of the case's traced step that fall back to replication."""
-    from autoshard.rules import RULES
     from autoshard.frontend.trace import trace
+    from autoshard.rules import RULES
     graph = trace(case.fn, *case.args)
     return {n.primitive for n in graph.nodes if n.kind == "eqn" and n.primitive not in RULES}

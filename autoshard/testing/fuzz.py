@@ -30,7 +30,8 @@ import random
 import re
 import tempfile
 import traceback
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -38,9 +39,9 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 import autoshard
+from autoshard.errors import MemoryBudgetError
 from autoshard.frontend import specs
 from autoshard.report import hlo_report
-from autoshard.errors import MemoryBudgetError
 
 MESHES = {"8": ((8,), ("a",)), "2x4": ((2, 4), ("x", "y")), "4x2": ((4, 2), ("x", "y"))}
 DIMS = (1, 2, 3, 4, 5, 6, 8, 8, 16, 16, 32)
@@ -158,7 +159,8 @@ class Case:
             "",
             f"args = [{made}]",
             f"mesh = autoshard.make_mesh{MESHES[self.mesh]}",
-            f"plan = autoshard.plan(fn, *args, mesh=mesh, hardware=autoshard.{HARDWARE[self.hardware]!r},",
+            "plan = autoshard.plan(fn, *args, mesh=mesh, "
+            f"hardware=autoshard.{HARDWARE[self.hardware]!r},",
             f"                      pins={pins or None!r}, donate_argnums={self.donate_argnums},",
             f"                      memory_budget={budget_bytes(self, args, pins)!r}, cache=False,",
             "                      progress=False)",
@@ -801,5 +803,6 @@ def compare(got, want, low_outputs: Sequence[bool] = ()) -> Outcome:
                                   w.shape) if w.size else ()
             return Outcome("wrong", f"output {k} {w.dtype}{w.shape} ({dtype} tolerance): "
                            f"largest error {float(np.nanmax(err)) if w.size else 0:.4g} at {at} "
-                           f"(got {g64[at] if w.size else None}, want {w64[at] if w.size else None})")
+                           f"(got {g64[at] if w.size else None}, "
+                           f"want {w64[at] if w.size else None})")
     return Outcome("ok")

@@ -9,9 +9,9 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 
 from autoshard.frontend import specs
-from autoshard.target.hardware import Hardware
-from autoshard.report.hlo_report import hlo_report
 from autoshard.frontend.specs import Spec
+from autoshard.report.hlo_report import hlo_report
+from autoshard.target.hardware import Hardware
 
 
 def compiled_reshard(mesh: Mesh, hw: Hardware, shape, src: Spec, dst: Spec,

@@ -32,10 +32,12 @@ import contextvars
 import dataclasses
 import math
 import re
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from autoshard.units import axis_sizes
 
@@ -447,8 +449,8 @@ def compile_expert(case, mesh: Mesh, name: str, args: tuple | None = None,
 
 def inspect_expert(case, mesh: Mesh, name: str, hardware=None, args: tuple | None = None):
     """``autoshard.report.hlo_report.hlo_report`` of the compiled expert plan."""
-    from autoshard.target.hardware import H100
     from autoshard.report.hlo_report import hlo_report
+    from autoshard.target.hardware import H100
     return hlo_report(compile_expert(case, mesh, name, args), hardware or H100, mesh)
 
 

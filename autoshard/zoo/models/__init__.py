@@ -20,9 +20,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib
-from typing import Callable
 
 from autoshard.errors import InputError
 from autoshard.extras import require

@@ -7,7 +7,8 @@ checkpoints, the plan-quality benchmark and the notebooks all consume this one s
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 from jax.sharding import Mesh, PartitionSpec

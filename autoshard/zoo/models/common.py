@@ -10,7 +10,8 @@ params into the model with ``nnx.merge`` inside, so autoshard traces plain array
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -18,8 +19,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from autoshard.zoo import experts as ex
 from autoshard.rewrite.accumulate import value_and_grad
+from autoshard.zoo import experts as ex
 from autoshard.zoo.models.case import TrainCase
 
 LossFn = Callable[[nnx.Module, Any], jax.Array]

@@ -26,8 +26,14 @@ from flax import nnx
 from autoshard.zoo import experts as ex
 from autoshard.zoo.models import common
 from autoshard.zoo.models.case import TrainCase
-from autoshard.zoo.models.transformer import (LOGICAL_RULES, Block, normal_init, norm, tp_rules,
-                                          transformer_fan_in)
+from autoshard.zoo.models.transformer import (
+    LOGICAL_RULES,
+    Block,
+    norm,
+    normal_init,
+    tp_rules,
+    transformer_fan_in,
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,8 +29,13 @@ from autoshard.zoo import experts as ex
 from autoshard.zoo.models import common
 from autoshard.zoo.models.case import TrainCase
 from autoshard.zoo.models.gpt import GPT, GPTConfig, lm_atol, lm_batch, lm_loss, lm_rtol
-from autoshard.zoo.models.transformer import LOGICAL_RULES, normal_init, tp_rules, \
-    transformer_fan_in, zeros_init
+from autoshard.zoo.models.transformer import (
+    LOGICAL_RULES,
+    normal_init,
+    tp_rules,
+    transformer_fan_in,
+    zeros_init,
+)
 
 
 @dataclasses.dataclass(frozen=True)

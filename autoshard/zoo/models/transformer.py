@@ -8,7 +8,7 @@ names of :data:`LOGICAL_RULES`: ``embed`` (model width), ``heads``, ``kv`` (head
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
