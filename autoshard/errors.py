@@ -53,3 +53,19 @@ class TraceError(AutoshardError):
 
 class LaunchError(AutoshardError):
     """``autoshard launch`` cannot start the command it was given."""
+
+
+class CheckpointError(AutoshardError):
+    """A checkpoint is missing, or does not fit the state it is restored into."""
+
+
+class DistributedError(AutoshardError):
+    """The processes of a multi-process run cannot start or do not agree."""
+
+
+class PlanMismatchError(DistributedError):
+    """Processes traced different programs, built different meshes or planned differently."""
+
+
+class UnknownModelError(InputError):
+    """A model name or size that the zoo does not have."""

@@ -25,12 +25,12 @@ from autoshard.cost.graph import CostGraph, build_cost_graph
 from autoshard.cost.grouping import Menu
 from autoshard.cost.liveness import POINTER_BYTES
 from autoshard.cost.reshard import (
-                                  REDUCTIONS,
-                                  Interner,
-                                  forget_prices,
-                                  operand_reshard_seconds,
-                                  reshard_collectives,
-                                  reshard_seconds,
+    REDUCTIONS,
+    Interner,
+    forget_prices,
+    operand_reshard_seconds,
+    reshard_collectives,
+    reshard_seconds,
 )
 from autoshard.cost.shared import MAX_SHARED_COPIES, shared_reads
 

@@ -372,7 +372,7 @@ def plan_text(text) -> Mapping[str, Any]:
         d = json.loads(text)
     except json.JSONDecodeError as e:
         raise PlanError(f"plan JSON is malformed or truncated: {e.msg} at line {e.lineno} "
-                        f"column {e.colno}") from None
+                        f"column {e.colno}") from e
     if not isinstance(d, dict):
         raise PlanError(f"plan JSON must be an object, got {type_name(d)}")
     for key in ("format", "fingerprint", "mesh", "hardware", "arguments", "outputs",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
+import inspect
+import logging
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -20,7 +21,12 @@ from autoshard.errors import MemoryBudgetError, PinError
 from autoshard.frontend import specs, validate
 from autoshard.frontend.trace import build_graph, hold_static_leaves, trace_program
 from autoshard.planning.cache import PLANS, cache_dir, plan_key
-from autoshard.planning.options import PlanOptions, plan_options
+from autoshard.planning.options import (
+    PlanOptions,
+    keyword_signature,
+    known_keywords,
+    plan_options,
+)
 from autoshard.planning.plan import Plan, PlannedProgram, Solution, program_fingerprint
 from autoshard.planning.progress import PlanProgress
 from autoshard.planning.settings import plan_settings
@@ -30,8 +36,10 @@ from autoshard.rewrite.pipeline import constraint_pins
 from autoshard.solver.request import Request, Touching, evaluation, group_seconds
 from autoshard.solver.search import Solved, solve_copies
 from autoshard.solver.solve import CannotBeat, InfeasibleBudget
-from autoshard.target.hardware import Backend, Hardware
+from autoshard.target.hardware import Backend
 from autoshard.units import axis_sizes
+
+log = logging.getLogger(__name__)
 
 
 def resolve_pins(pins: Mapping[str, Any] | None, graph, sizes) -> dict[int, specs.Spec]:
@@ -85,7 +93,7 @@ def pin_paths(pins, paths: Sequence[str], args: tuple) -> dict[str, Any]:
     try:
         subtrees = prefix.flatten_up_to(tuple(args))
     except (ValueError, TypeError) as e:
-        raise PinError(f"pins do not match the arguments' tree: {e}") from None
+        raise PinError(f"pins do not match the arguments' tree: {e}") from e
     out, start = {}, 0
     for pin, subtree in zip(flat, subtrees):
         count = len(jax.tree_util.tree_leaves(subtree))
@@ -99,9 +107,9 @@ def pin_paths(pins, paths: Sequence[str], args: tuple) -> dict[str, Any]:
 def pin_spec(path, pspec, shape, sizes) -> specs.Spec:
     try:
         spec = specs.from_partition_spec(pspec, len(shape))
-    except ValueError:
+    except ValueError as e:
         raise PinError(f"pin {path!r}: {pspec} has more entries than the array's "
-                       f"{len(shape)} dims {shape}") from None
+                       f"{len(shape)} dims {shape}") from e
     for axis in specs.spec_axes(spec):
         if axis not in sizes:
             raise PinError(f"pin {path!r}: mesh has no axis {axis!r} (axes: {list(sizes)})")
@@ -229,14 +237,7 @@ def donation_budget_error(graph, donated, budget: float, smallest_bytes: float,
         "those arguments undonated", budget, smallest_bytes)
 
 
-def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
-         memory_budget: float | None = None, pins: Mapping[str, Any] | None = None,
-         donate_argnums: Sequence[int] = (), time_limit_s: float = 60.0,
-         reuse: bool = True, cache: bool = True,
-         cache_directory: str | os.PathLike | None = None,
-         progress: bool | None = None, microbatches: int | str | None = None,
-         pipeline: str | None = None, remat: str | None = None,
-         repeats: int | str | None = None) -> Plan:
+def plan(fn: Callable, *args, **keywords) -> Plan:
     """Plan how to shard ``fn`` at ``args`` over ``mesh``.
 
     Args:
@@ -286,14 +287,15 @@ def plan(fn: Callable, *args, mesh: Mesh, hardware: Hardware | None = None,
         new_params, loss = plan.jit()(params, batch)
     """
     validate.function(fn)
-    options = PlanOptions.build(
-        mesh=mesh, hardware=hardware, memory_budget=memory_budget, pins=pins,
-        donate_argnums=donate_argnums, time_limit_s=time_limit_s, reuse=reuse, cache=cache,
-        cache_directory=cache_directory, progress=progress, microbatches=microbatches,
-        pipeline=pipeline, remat=remat, repeats=repeats, num_args=len(args))
+    options = PlanOptions.build(num_args=len(args), **keywords)
     if options.searches_settings:
         return plan_settings(plan_program, fn, args, options)
     return plan_program(fn, args, options)
+
+
+plan.__signature__ = keyword_signature(
+    inspect.Parameter("fn", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="Callable"),
+    inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL))
 
 
 def plan_program(fn: Callable, args: tuple, options: PlanOptions) -> Plan:
@@ -308,6 +310,9 @@ def plan_program(fn: Callable, args: tuple, options: PlanOptions) -> Plan:
         key = plan_key(fingerprint, program.paths, options)
         directory = cache_dir(options.cache_directory)
         found = PLANS.get(key, directory) if options.cache else None
+        log.debug("program %s: %d equations, %d arguments, budget %.4g B per device, "
+                  "cache %s", fingerprint[:12], program.num_eqns, len(program.leaves),
+                  options.memory_budget, "hit" if found else "miss")
         if found is not None:
             plan_ = cached_plan(found, options.mesh, program, started)
         else:
@@ -367,8 +372,13 @@ def solve_program(program, options: PlanOptions, fingerprint: str, show,
         raise
     if isinstance(solved.result, InfeasibleBudget):
         error = budget_error(solved, graph, donated, budget, sizes)
+        log.debug("no plan within %.4g B: %s", budget, error)
         error.stage_seconds = stages
-        raise error from None
+        raise error
+    result = solved.result
+    log.debug("solved: %s, %.6g s (bound %.6g s), %d classes, %s", result.status,
+              result.objective, result.lower_bound, solved.coarse.num_classes,
+              ", ".join(f"{k} {v:.2f} s" for k, v in stages.items()))
     show.stage("writing the plan")
     return Plan.from_solution(solution_of(solved, stages), options, fingerprint, started)
 
@@ -439,14 +449,7 @@ class AutoSharded:
         return jitted(*jax.tree_util.tree_unflatten(tree, jax.device_put(flat, in_shardings)))
 
 
-def auto_shard(fn: Callable | None = None, *, mesh: Mesh, hardware: Hardware | None = None,
-               memory_budget: float | None = None, pins: Mapping[str, Any] | None = None,
-               donate_argnums: Sequence[int] = (), time_limit_s: float = 60.0,
-               reuse: bool = True, cache: bool = True,
-               cache_directory: str | os.PathLike | None = None,
-               progress: bool | None = None, microbatches: int | str | None = None,
-               pipeline: str | None = None, remat: str | None = None,
-               repeats: int | str | None = None):
+def auto_shard(fn: Callable | None = None, **keywords):
     """Decorator: shard ``fn`` automatically over ``mesh``; plans on the first call.
     Every keyword is ``autoshard.plan``'s (``microbatches``, ``pipeline``, ``repeats``
     and ``remat`` apply to a loss marked by ``autoshard.value_and_grad``).
@@ -462,11 +465,12 @@ def auto_shard(fn: Callable | None = None, *, mesh: Mesh, hardware: Hardware | N
         @autoshard.auto_shard(mesh=mesh, pipeline="auto", microbatches="auto")
         def pipelined_step(params, batch): ...
     """
-    kwargs = dict(mesh=mesh, hardware=hardware, memory_budget=memory_budget, pins=pins,
-                  donate_argnums=donate_argnums, time_limit_s=time_limit_s, reuse=reuse,
-                  cache=cache, cache_directory=cache_directory, progress=progress)
-    plan_options(**kwargs)
-    kwargs.update(microbatches=microbatches, pipeline=pipeline, remat=remat, repeats=repeats)
+    plan_options(PlanOptions(**known_keywords(keywords)))
     if fn is None:
-        return lambda f: AutoSharded(validate.function(f), **kwargs)
-    return AutoSharded(validate.function(fn), **kwargs)
+        return lambda f: AutoSharded(validate.function(f), **keywords)
+    return AutoSharded(validate.function(fn), **keywords)
+
+
+auto_shard.__signature__ = keyword_signature(
+    inspect.Parameter("fn", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
+                      annotation="Callable | None"))

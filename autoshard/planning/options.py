@@ -9,8 +9,10 @@ the options a plan depends on from it (``PlanOptions.key_options``).
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import inspect
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from jax.sharding import Mesh
@@ -26,6 +28,8 @@ from autoshard.target.mesh import as_auto_mesh
 class PlanOptions:
     """How to plan: ``autoshard.plan``'s keywords, checked, with the defaults resolved
     (the mesh's axes Auto, the hardware of its devices, the budget the hardware's memory).
+    Its fields are where the keywords and their defaults are declared: ``plan`` and
+    ``auto_shard`` take them as ``**keywords`` and show them (``keyword_signature``).
 
     ``pins`` is in either form ``plan`` takes until a program is traced, then in the path
     form (``{path: PartitionSpec}``, ``api.pin_paths``). ``seconds_to_beat`` is the step
@@ -39,10 +43,10 @@ class PlanOptions:
     """
 
     mesh: Mesh
-    hardware: Hardware
-    memory_budget: float
+    hardware: Hardware | None = None          # None: the profile of the mesh's devices
+    memory_budget: float | None = None        # None: the hardware's memory
     pins: Any = None
-    donate_argnums: tuple[int, ...] = ()
+    donate_argnums: Sequence[int] = ()
     time_limit_s: float = 60.0
     reuse: bool = True
     cache: bool = True
@@ -53,36 +57,21 @@ class PlanOptions:
     pipeline: str | None = None
     remat: str | None = None
     repeats: int | str | None = None
-    seconds_to_beat: float | None = None
+    seconds_to_beat: float | None = dataclasses.field(default=None, kw_only=True)
 
     @classmethod
-    def build(cls, *, mesh: Mesh, hardware: Hardware | None = None,
-              memory_budget: float | None = None, pins: Mapping[str, Any] | None = None,
-              donate_argnums: Sequence[int] = (), time_limit_s: float = 60.0,
-              reuse: bool = True, cache: bool = True,
-              cache_directory: str | os.PathLike | None = None,
-              progress: bool | None = None, microbatches: int | str | None = None,
-              pipeline: str | None = None, remat: str | None = None,
-              repeats: int | str | None = None, num_args: int | None = None) -> PlanOptions:
-        """``autoshard.plan``'s keywords checked (``plan_options``,
-        ``setting_options``; ``num_args``: how many arguments ``donate_argnums``
-        may name) and resolved."""
-        plan_options(mesh=mesh, hardware=hardware, memory_budget=memory_budget,
-                              pins=pins, donate_argnums=donate_argnums,
-                              time_limit_s=time_limit_s, reuse=reuse, cache=cache,
-                              cache_directory=cache_directory, progress=progress,
-                              num_args=num_args)
-        setting_options(microbatches=microbatches, pipeline=pipeline, remat=remat,
-                                 repeats=repeats, axis_names=mesh.axis_names)
-        mesh = as_auto_mesh(mesh, stacklevel=4)   # the warning names plan()'s caller
-        hardware = hardware or default_hardware(mesh)
-        return cls(mesh=mesh, hardware=hardware,
-                   memory_budget=hardware.memory if memory_budget is None
-                   else float(memory_budget),
-                   pins=pins, donate_argnums=validate.argnums("donate_argnums", donate_argnums),
-                   time_limit_s=time_limit_s, reuse=reuse, cache=cache,
-                   cache_directory=cache_directory, progress=progress,
-                   microbatches=microbatches, pipeline=pipeline, remat=remat, repeats=repeats)
+    def build(cls, num_args: int | None = None, **keywords) -> PlanOptions:
+        """``autoshard.plan``'s keywords checked (``plan_options``, ``setting_options``;
+        ``num_args``: how many arguments ``donate_argnums`` may name) and resolved."""
+        given = cls(**known_keywords(keywords))
+        plan_options(given, num_args)
+        setting_options(given)
+        mesh = as_auto_mesh(given.mesh, stacklevel=4)   # the warning names plan()'s caller
+        hardware = given.hardware or default_hardware(mesh)
+        budget = hardware.memory if given.memory_budget is None else float(given.memory_budget)
+        return dataclasses.replace(
+            given, mesh=mesh, hardware=hardware, memory_budget=budget,
+            donate_argnums=validate.argnums("donate_argnums", given.donate_argnums))
 
     @property
     def searches_settings(self) -> bool:
@@ -102,9 +91,39 @@ class PlanOptions:
                 "time_limit_s": self.time_limit_s, "reuse": self.reuse}
 
 
-def plan_options(*, mesh, hardware, memory_budget, pins, donate_argnums, time_limit_s,
-                 reuse, cache, cache_directory, progress, num_args: int | None = None) -> None:
-    """The keywords of ``autoshard.plan`` and ``autoshard.auto_shard``."""
+# autoshard.plan's keywords: PlanOptions' fields, less what the settings search sets
+KEYWORDS = tuple(f.name for f in dataclasses.fields(PlanOptions) if not f.kw_only)
+
+
+def known_keywords(keywords: dict[str, Any]) -> dict[str, Any]:
+    """``keywords`` where each is one of ``autoshard.plan``'s and ``mesh`` is given, or
+    ``OptionError`` naming the culprit (and the keyword it resembles)."""
+    for name in keywords:
+        if name not in KEYWORDS:
+            close = difflib.get_close_matches(name, KEYWORDS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise OptionError(f"autoshard.plan() has no keyword {name!r}{hint}; it takes "
+                              f"{', '.join(KEYWORDS)}")
+    if "mesh" not in keywords:
+        raise MeshError("autoshard.plan() needs mesh= (e.g. autoshard.make_mesh((2, 4), "
+                        "('data', 'model')))")
+    return keywords
+
+
+def keyword_signature(*leading: inspect.Parameter) -> inspect.Signature:
+    """A signature of ``leading`` parameters then the plan keywords, with their defaults:
+    what ``help(autoshard.plan)`` and ``auto_shard`` show."""
+    keywords = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY,
+                                  default=inspect.Parameter.empty
+                                  if f.default is dataclasses.MISSING else f.default,
+                                  annotation=f.type)
+                for f in dataclasses.fields(PlanOptions) if f.name in KEYWORDS]
+    return inspect.Signature([*leading, *keywords])
+
+
+def plan_options(options: PlanOptions, num_args: int | None = None) -> None:
+    """The keywords of ``autoshard.plan`` and ``autoshard.auto_shard`` but the settings."""
+    mesh, hardware, memory_budget = options.mesh, options.hardware, options.memory_budget
     if not isinstance(mesh, Mesh):
         raise MeshError(f"mesh must be a jax.sharding.Mesh (e.g. autoshard.make_mesh((2, 4), "
                         f"('data', 'model'))), got {validate.type_name(mesh)}")
@@ -114,19 +133,21 @@ def plan_options(*, mesh, hardware, memory_budget, pins, donate_argnums, time_li
                           f"{validate.type_name(hardware)}")
     if memory_budget is not None:
         validate.number("memory_budget", memory_budget, positive=True, allow_inf=True)
-    validate.pin_options(pins)
-    validate.argnums("donate_argnums", donate_argnums, num_args)
-    validate.number("time_limit_s", time_limit_s, positive=True)
-    validate.flag("reuse", reuse)
-    validate.flag("cache", cache)
-    validate.flag("progress", progress, allow_none=True)
-    if cache_directory is not None:
-        validate.directory_path("cache_directory", cache_directory, create=True)
+    validate.pin_options(options.pins)
+    validate.argnums("donate_argnums", options.donate_argnums, num_args)
+    validate.number("time_limit_s", options.time_limit_s, positive=True)
+    validate.flag("reuse", options.reuse)
+    validate.flag("cache", options.cache)
+    validate.flag("progress", options.progress, allow_none=True)
+    if options.cache_directory is not None:
+        validate.directory_path("cache_directory", options.cache_directory, create=True)
 
 
-def setting_options(*, microbatches, pipeline, remat, repeats, axis_names) -> None:
+def setting_options(options: PlanOptions) -> None:
     """The settings of ``autoshard.plan`` (``microbatches``, ``pipeline``, ``remat``,
-    ``repeats``) on a mesh with axes ``axis_names``."""
+    ``repeats``) on its mesh."""
+    microbatches, pipeline, remat = options.microbatches, options.pipeline, options.remat
+    repeats, axis_names = options.repeats, options.mesh.axis_names
     if repeats is not None and pipeline is None:
         raise InputError(f"repeats={repeats!r} sets a pipeline's schedule: pass pipeline= "
                          "too")

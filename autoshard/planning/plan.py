@@ -357,7 +357,7 @@ class Plan:
                 validate.arguments_match(self.arguments, in_tree, args)
             except PlanError as e:
                 raise PlanError(f"the plan (program fingerprint {self.fingerprint}) was made "
-                                f"for another program: {e}") from None
+                                f"for another program: {e}") from e
 
         def flat_fn(*flat):
             out = fn(*release_static_leaves(jax.tree_util.tree_unflatten(in_tree, flat)))
@@ -485,8 +485,8 @@ class Plan:
                             f"{type(mesh).__name__}")
         try:
             want = dict(zip(d["mesh"]["axis_names"], d["mesh"]["shape"]))
-        except (KeyError, TypeError):
-            raise PlanError(f"plan JSON field 'mesh' is malformed: {d['mesh']!r:.80}") from None
+        except (KeyError, TypeError) as e:
+            raise PlanError(f"plan JSON field 'mesh' is malformed: {d['mesh']!r:.80}") from e
         have = dict(zip(mesh.axis_names, mesh.devices.shape))
         if want != have:
             raise PlanError(f"plan was made for mesh {want}; got mesh {have}")
@@ -495,7 +495,7 @@ class Plan:
         except AutoshardError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise PlanError(f"plan JSON is malformed: {type(e).__name__} {e}") from None
+            raise PlanError(f"plan JSON is malformed: {type(e).__name__} {e}") from e
 
     @classmethod
     def _from_dict(cls, d: Mapping, mesh: Mesh) -> Plan:
@@ -539,7 +539,7 @@ def json_field(name: str):
         raise
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise PlanError(f"plan JSON field {name!r} is malformed: {type(e).__name__} {e}"
-                        ) from None
+                        ) from e
 
 
 def argument_from_json(k: int, a: Mapping, mesh: Mesh) -> ArgumentInfo:

@@ -16,6 +16,7 @@ one LP: the options carry the seconds to beat (``PlanOptions.seconds_to_beat``).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -36,6 +37,9 @@ PlanProgram = Callable[[Callable, tuple, PlanOptions], "Plan"]   # plans one tra
 AUTO_MAX_MICROBATCHES = 64
 STAGES = ("trace", "cost", "coarsen", "solve")   # the planning stages a setting's seconds
 #                                                   split into (``plan.solver["settings"]``)
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,6 +179,9 @@ def plan_within_budget(search: Search, setting, failure, record=None, beat=None,
     except CannotBeat as e:
         outcome = f"cannot beat {beat:.6g} s: at least {e.lower_bound:.6g} s"
         stages = getattr(e, "stage_seconds", None)
+    log.debug("setting %s: %s (%s s step, planned in %.2f s)", describe(setting), outcome,
+              None if found is None else f"{found.cost.total_s:.6g}",
+              time.perf_counter() - started)
     if trail is not None:
         trail.append({"setting": describe(setting), "outcome": outcome,
                       "microbatches": 1 if setting is None else setting.microbatches,

@@ -55,7 +55,7 @@ def compile_report(fn: Callable, args: Sequence, candidate, mesh: Mesh | None, h
     try:
         compiled = jax.jit(fn, in_shardings=shardings).lower(*args).compile()
     except (ValueError, TypeError) as e:
-        raise PlanError(f"compare: in_shardings do not fit the arguments: {e}") from None
+        raise PlanError(f"compare: in_shardings do not fit the arguments: {e}") from e
     return hlo_report(compiled, hardware, mesh), None
 
 

@@ -682,8 +682,8 @@ def spec_of(leaf, rank: int, path: str) -> Spec | None:
     pspec = leaf.spec if isinstance(leaf, NamedSharding) else leaf
     try:
         return specs.from_partition_spec(pspec, rank)
-    except ValueError:
-        raise PlanError(f"{path}: {pspec} has more entries than the array's {rank} dims") from None
+    except ValueError as e:
+        raise PlanError(f"{path}: {pspec} has more entries than the array's {rank} dims") from e
 
 
 def shardings_by_path(plan: Plan, in_shardings) -> dict[str, Any]:
@@ -701,7 +701,7 @@ def shardings_by_path(plan: Plan, in_shardings) -> dict[str, Any]:
                                  in_shardings, full, is_leaf=is_sharding_leaf)
         except (ValueError, TypeError) as e:
             raise PlanError("in_shardings do not match the plan's arguments "
-                            f"({len(paths)} leaves, first {paths[0]!r}): {e}") from None
+                            f"({len(paths)} leaves, first {paths[0]!r}): {e}") from e
         flat = jax.tree.leaves(pairs, is_leaf=lambda x: isinstance(x, tuple) and len(x) == 2
                                and isinstance(x[0], str))
         return dict(flat)

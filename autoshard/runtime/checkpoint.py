@@ -31,17 +31,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from autoshard.errors import AutoshardError
+from autoshard.errors import CheckpointError
 from autoshard.extras import require
 
 require("orbax.checkpoint", "checkpoint", "autoshard.runtime.checkpoint")
 
 STATE_ITEM = "state"
 RECORD_ITEM = "record"
-
-
-class CheckpointError(AutoshardError):
-    """A checkpoint is missing, or does not fit the state it is restored into."""
 
 
 def abstract_state(state, shardings=None):

@@ -12,7 +12,7 @@
 a comparison with the model's expert plans, trains a few steps on synthetic data and
 checks the first step against a single-device run. Without an accelerator it simulates
 as many CPU devices as the mesh has (set before JAX's backend starts). Started by
-``autoshard launch`` (or with the ``AUTOSHARD_*`` variables of ``autoshard.runtime.launch`` set)
+``autoshard launch`` (or with the ``AUTOSHARD_*`` variables of ``runtime.launch`` set)
 it joins the multi-process run instead: every process plans the same step and feeds its
 own shards, process 0 prints the tables and every process its losses.
 """
@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 import re
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import typer
@@ -41,8 +43,29 @@ class CliError(Exception):
     """Bad command-line input: reported as one line on stderr."""
 
 
+DEBUG_VARIABLE = "AUTOSHARD_DEBUG"   # set to 1: as --debug
+
+
+def debugging(argv: list[str] | None) -> bool:
+    """Whether ``--debug`` (before the command) or ``AUTOSHARD_DEBUG=1`` asks for the
+    planner's log and the traceback of an error that is not bad input."""
+    args = sys.argv[1:] if argv is None else argv
+    return "--debug" in args or os.environ.get(DEBUG_VARIABLE, "") not in ("", "0")
+
+
+def log_to_stderr() -> None:
+    """The ``autoshard`` loggers' records at DEBUG and above, on stderr."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
+    logger = logging.getLogger("autoshard")
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+
+
 @app.callback()
-def main_callback():
+def main_callback(debug: bool = typer.Option(
+        False, "--debug", help=f"log the planner's decisions and show the traceback of an "
+                               f"unexpected error (or set {DEBUG_VARIABLE}=1)")):
     """autoshard: automatic sharding for JAX programs."""
 
 
@@ -59,16 +82,16 @@ def parse_bytes(text: str) -> float:
         raise CliError(f"cannot read memory size {text!r} (use e.g. 40GB, 512MiB, 1e9)")
     try:
         return float(m.group(1)) * _UNITS[m.group(2).lower()]
-    except ValueError:
-        raise CliError(f"cannot read memory size {text!r} (use e.g. 40GB, 512MiB, 1e9)") from None
+    except ValueError as e:
+        raise CliError(f"cannot read memory size {text!r} (use e.g. 40GB, 512MiB, 1e9)") from e
 
 
 def parse_mesh(text: str, axes: str | None) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """``"2x4"`` -> ``((2, 4), ("data", "model"))``; ``axes`` names them (comma-separated)."""
     try:
         shape = tuple(int(s) for s in text.lower().split("x"))
-    except ValueError:
-        raise CliError(f"cannot read mesh {text!r} (use e.g. 8 or 2x4)") from None
+    except ValueError as e:
+        raise CliError(f"cannot read mesh {text!r} (use e.g. 8 or 2x4)") from e
     if not shape or any(s < 1 for s in shape):
         raise CliError(f"mesh {text!r} must be positive sizes joined by 'x' (e.g. 2x4)")
     if axes:
@@ -115,9 +138,9 @@ def load_hardware(text: str | None, mesh=None):
         hw = hardware.DEVICE_KINDS[name]
         try:
             return hw.slowed(float(factor)) if factor else hw
-        except (ValueError, ZeroDivisionError):
+        except (ValueError, ZeroDivisionError) as e:
             raise CliError(f"cannot read hardware {text!r}: the factor after / must be a "
-                           "positive number (e.g. h100/1000)") from None
+                           "positive number (e.g. h100/1000)") from e
     path = Path(text)
     if not path.is_file():
         profiles = ", ".join(k for k in hardware.DEVICE_KINDS if " " not in k)
@@ -127,7 +150,7 @@ def load_hardware(text: str | None, mesh=None):
     try:
         return hardware.Hardware.from_dict(json.loads(path.read_text()))
     except (ValueError, TypeError) as e:
-        raise CliError(f"hardware file {text}: {e}") from None
+        raise CliError(f"hardware file {text}: {e}") from e
 
 
 TABLE_WIDTH = 150
@@ -582,6 +605,9 @@ def main(argv: list[str] | None = None) -> int:
     """Console entry point: bad input ends with one line on stderr and exit status 2."""
     from autoshard.errors import AutoshardError
     from autoshard.extras import MissingExtraError
+    debug = debugging(argv)
+    if debug:
+        log_to_stderr()
     try:
         result = app(args=argv, standalone_mode=False)
         return result if isinstance(result, int) else 0
@@ -601,9 +627,12 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:                  # a file or directory that cannot be read or written
         typer.echo(f"autoshard: error: {e}", err=True)
         return 2
-    except Exception as e:                # anything else: still one line, never a traceback
+    except Exception as e:                # anything else: one line, the traceback with --debug
+        if debug:
+            traceback.print_exc()
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        typer.echo(f"autoshard: error: {type(e).__name__}: {first}", err=True)
+        hint = "" if debug else f" (--debug or {DEBUG_VARIABLE}=1 shows the traceback)"
+        typer.echo(f"autoshard: error: {type(e).__name__}: {first}{hint}", err=True)
         return 1
 
 

@@ -42,7 +42,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from autoshard.errors import AutoshardError
+from autoshard.errors import DistributedError, PlanMismatchError
 from autoshard.frontend import jax_compat, specs
 from autoshard.runtime.launch import (  # noqa: F401
     ENV_COORDINATOR_ADDRESS,
@@ -52,14 +52,6 @@ from autoshard.runtime.launch import (  # noqa: F401
 )
 
 KV_PREFIX = "autoshard"
-
-
-class DistributedError(AutoshardError):
-    """The processes of a multi-process run cannot start or do not agree."""
-
-
-class PlanMismatchError(DistributedError):
-    """Processes traced different programs, built different meshes or planned differently."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,8 +80,8 @@ def _env_int(name: str) -> int | None:
         return None
     try:
         return int(value)
-    except ValueError:
-        raise DistributedError(f"environment variable {name}={value!r} is not an integer") from None
+    except ValueError as e:
+        raise DistributedError(f"environment variable {name}={value!r} is not an integer") from e
 
 
 def _backend_started() -> bool:
@@ -328,7 +320,7 @@ def exchange(name: str, value: str, *, timeout_s: float = 60.0) -> list[str]:
         except Exception as e:   # jax raises XlaRuntimeError on DEADLINE_EXCEEDED
             raise DistributedError(
                 f"process {pid} did not publish {name!r} within {timeout_s:g} s (it may have "
-                f"crashed or be stuck before reaching this point): {e}") from None
+                f"crashed or be stuck before reaching this point): {e}") from e
     return values
 
 
@@ -587,4 +579,4 @@ def barrier(name: str, *, timeout_s: float = 300.0) -> None:
         client.wait_at_barrier(key, int(timeout_s * 1000))
     except Exception as e:
         raise DistributedError(f"barrier {name!r} not reached by every process within "
-                               f"{timeout_s:g} s: {e}") from None
+                               f"{timeout_s:g} s: {e}") from e

@@ -13,6 +13,7 @@ pricing whose plan is kept.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable
 
@@ -20,6 +21,8 @@ from autoshard.solver.bounds import memory_floor, tiebreak_ceiling
 from autoshard.solver.coarsen import Coarsened, coarsen
 from autoshard.solver.request import Request
 from autoshard.solver.solve import InfeasibleBudget, Result, solve
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -60,6 +63,7 @@ def solve_copies(price: Callable[[bool], tuple[object, Request]], budget: float,
     binds = isinstance(first.result, InfeasibleBudget) or first.result.budget_binds
     if first.cost_graph is None or not (first.cost_graph.held_per_read and binds):
         return first
+    log.debug("the budget binds with copies held per read: priced again with shared copies")
     return solve_priced(price, True, budget, reuse, seconds_to_beat, show, seconds)
 
 

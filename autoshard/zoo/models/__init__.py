@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 
-from autoshard.errors import InputError
+from autoshard.errors import UnknownModelError
 from autoshard.extras import require
 
 require("flax", "zoo", "autoshard.zoo.models")
@@ -31,10 +31,6 @@ require("optax", "zoo", "autoshard.zoo.models")
 from autoshard.zoo.models.case import TrainCase  # noqa: E402  (after the extras check)
 
 __all__ = ["Model", "TrainCase", "UnknownModelError", "get", "names", "train_case"]
-
-
-class UnknownModelError(InputError):
-    """A model name or size that the zoo does not have."""
 
 
 @dataclasses.dataclass(frozen=True)
