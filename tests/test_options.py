@@ -8,7 +8,7 @@ from jax.sharding import AxisType, PartitionSpec
 
 import autoshard
 from autoshard.errors import InputError, OptionError
-from autoshard.planning.cache import plan_key
+from autoshard.planning.fingerprint import plan_key
 from autoshard.planning.options import PlanOptions
 from autoshard.target.hardware import default_hardware
 

@@ -20,14 +20,15 @@ from autoshard.cost.strategies import build_strategies
 from autoshard.errors import MemoryBudgetError, PinError
 from autoshard.frontend import specs, validate
 from autoshard.frontend.trace import build_graph, hold_static_leaves, trace_program
-from autoshard.planning.cache import PLANS, cache_dir, plan_key
+from autoshard.planning.cache import PLANS, cache_dir
+from autoshard.planning.fingerprint import plan_key, program_fingerprint
 from autoshard.planning.options import (
     PlanOptions,
     keyword_signature,
     known_keywords,
     plan_options,
 )
-from autoshard.planning.plan import Plan, PlannedProgram, Solution, program_fingerprint
+from autoshard.planning.plan import Plan, PlannedProgram, Solution
 from autoshard.planning.progress import PlanProgress
 from autoshard.planning.settings import plan_settings
 from autoshard.rewrite.accumulate import active_pipeline

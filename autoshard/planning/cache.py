@@ -11,45 +11,15 @@ from __future__ import annotations
 
 import collections
 import functools
-import hashlib
-import json
 import os
 import pathlib
 import tempfile
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from autoshard.planning.options import PlanOptions
 
 CACHE_DIR_ENV = "AUTOSHARD_CACHE_DIR"
 MAX_IN_MEMORY = 64
 
 
 @functools.lru_cache(maxsize=1)
-def source_hash() -> str:
-    """autoshard's own code: a changed planner must not find its predecessor's plans."""
-    root = pathlib.Path(__file__).parent
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        digest.update(str(path.relative_to(root)).encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
-def plan_key(fingerprint: str, paths, options: PlanOptions) -> str:
-    """A hex digest of everything a plan depends on: the program (``fingerprint``, its
-    argument ``paths``), the options' mesh and hardware, the rest of the options that
-    decide the plan (``PlanOptions.key_options``) and autoshard's code."""
-    mesh = options.mesh
-    mesh_desc = {"axis_names": list(mesh.axis_names), "shape": list(mesh.devices.shape),
-                 "platform": mesh.devices.flat[0].platform}
-    text = json.dumps({"program": fingerprint, "paths": list(paths), "mesh": mesh_desc,
-                       "hardware": options.hardware.to_dict(),
-                       "options": options.key_options(), "code": source_hash()},
-                      sort_keys=True, default=repr)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def cache_dir(directory: str | os.PathLike | None) -> pathlib.Path | None:
     directory = directory if directory is not None else os.environ.get(CACHE_DIR_ENV)
     return pathlib.Path(directory) if directory else None

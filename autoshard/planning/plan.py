@@ -11,9 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
-import hashlib
 import json
-import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -26,9 +24,9 @@ from autoshard.cost import CostGraph, operand_reshard_seconds
 from autoshard.cost.breakdown import CostItem, cost_breakdown, memory_parts
 from autoshard.errors import AutoshardError, MeshError, PlanError
 from autoshard.frontend import specs, validate
-from autoshard.frontend.jax_compat import Literal, is_jaxpr, split_closed
 from autoshard.frontend.specs import Spec
 from autoshard.frontend.trace import argument_names, static_as_none
+from autoshard.planning.fingerprint import program_fingerprint
 from autoshard.rewrite.apply import Decision, make_jit, propagation_gives
 from autoshard.solver.request import Evaluation
 from autoshard.target.hardware import Hardware
@@ -62,82 +60,6 @@ class ArgumentInfo:
     dtype: str
     spec: Spec
     alternatives: tuple[tuple[Spec, float], ...] = ()   # (spec, extra seconds if chosen)
-
-
-def program_fingerprint(closed_jaxpr, in_avals) -> str:
-    """A digest of the program: every equation in order (primitive, params, operands and
-    results with their types, nested jaxprs in full) and the argument avals. Programs that
-    differ only in variable names or in the values of constants share it; constants are
-    known by type, as no plan depends on their values."""
-    text = JaxprText()
-    text.jaxpr(closed_jaxpr.jaxpr)
-    text.parts.append(repr([(tuple(a.shape), str(a.dtype)) for a in in_avals]))
-    return hashlib.sha256("\n".join(text.parts).encode()).hexdigest()[:16]
-
-
-ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
-
-
-class JaxprText:
-    """A jaxpr written out line by line, the same in every process: variables numbered in
-    order of appearance, types and params in full, literals by their bytes, and a jaxpr
-    met again (a jitted function called twice) by its number."""
-
-    def __init__(self):
-        self.parts: list[str] = []
-        self.var_numbers: dict = {}
-        self.aval_texts: dict = {}
-        self.jaxpr_numbers: dict[int, int] = {}   # by id: the program holds every jaxpr
-
-    def jaxpr(self, jaxpr) -> int:
-        """Write ``jaxpr`` (a Jaxpr or ClosedJaxpr) unless written already; its number."""
-        jaxpr, _ = split_closed(jaxpr)
-        number = self.jaxpr_numbers.get(id(jaxpr))
-        if number is not None:
-            return number
-        self.jaxpr_numbers[id(jaxpr)] = number = len(self.jaxpr_numbers)
-        self.parts.append(f"jaxpr {number} {self.binders(jaxpr.constvars)}; "
-                          f"{self.binders(jaxpr.invars)}")
-        for eqn in jaxpr.eqns:
-            params = ",".join(f"{k}={self.param(v)}" for k, v in eqn.params.items())
-            self.parts.append(f"{self.binders(eqn.outvars)} = {eqn.primitive.name}"
-                              f"[{params}] {self.atoms(eqn.invars)}")
-        self.parts.append(f"return {self.atoms(jaxpr.outvars)}")
-        return number
-
-    def aval(self, aval) -> str:
-        text = self.aval_texts.get(aval)
-        if text is None:
-            text = self.aval_texts[aval] = repr(aval)
-        return text
-
-    def binders(self, variables) -> str:
-        numbers, out = self.var_numbers, []
-        for var in variables:
-            numbers[var] = n = len(numbers)
-            out.append(f"{n}:{self.aval(var.aval)}")
-        return " ".join(out)
-
-    def atoms(self, atoms) -> str:
-        numbers = self.var_numbers
-        return " ".join(self.literal(a) if isinstance(a, Literal) else str(numbers[a])
-                        for a in atoms)
-
-    def literal(self, literal) -> str:
-        val = literal.val
-        if isinstance(val, (np.ndarray, np.generic)):
-            text = f"{val.dtype.str}{val.shape}{val.tobytes().hex()}"
-        else:
-            text = repr(val)
-        return f"{text}:{self.aval(literal.aval)}"
-
-    def param(self, value) -> str:
-        if is_jaxpr(value):
-            return f"jaxpr {self.jaxpr(value)}"
-        if type(value) is tuple and value and all(is_jaxpr(j) for j in value):
-            return "(" + ",".join(f"jaxpr {self.jaxpr(j)}" for j in value) + ")"
-        text = str(value)
-        return ADDRESS.sub(" at 0x", text) if " at 0x" in text else text
 
 
 def spec_to_json(spec: Spec | None):

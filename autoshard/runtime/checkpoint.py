@@ -120,7 +120,7 @@ class Checkpointer:
         meta = {"step": step, "data_position": position,
                 "process_count": jax.process_count(), "device_count": jax.device_count()}
         if plan is not None:
-            from autoshard.runtime.distributed import plan_hash
+            from autoshard.planning.fingerprint import plan_hash
             meta["plan_hash"] = plan_hash(plan)
             meta["mesh"] = {"axis_names": list(plan.mesh.axis_names),
                             "shape": [int(d) for d in plan.mesh.devices.shape]}

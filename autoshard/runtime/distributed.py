@@ -32,7 +32,6 @@ the same variables or from SLURM / Open MPI through JAX's cluster detection.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import json
 import os
@@ -44,6 +43,7 @@ import numpy as np
 
 from autoshard.errors import DistributedError, PlanMismatchError
 from autoshard.frontend import jax_compat, specs
+from autoshard.planning.fingerprint import plan_hash
 from autoshard.runtime.launch import (  # noqa: F401
     ENV_COORDINATOR_ADDRESS,
     ENV_DEVICES_PER_PROCESS,
@@ -195,25 +195,6 @@ class KeySequence:
 
 
 KEYS = KeySequence()    # this process's calls to exchange and barrier
-
-
-def plan_hash(plan) -> str:
-    """A hash of what the plan decides: program fingerprint, mesh, every spec and decision.
-
-    Costs, solver timings and the runner-up specs are left out; two plans with the same
-    hash shard the same program the same way on the same mesh.
-
-    Example::
-
-        assert plan_hash(plan) == plan_hash(autoshard.Plan.from_json(plan.to_json(), mesh))
-    """
-    d = plan.to_dict()
-    kept = {"fingerprint": d["fingerprint"], "mesh": d["mesh"],
-            "donate_argnums": d["donate_argnums"],
-            "arguments": [[a["path"], a["shape"], a["dtype"], a["spec"]] for a in d["arguments"]],
-            "outputs": d["outputs"], "decisions": d["decisions"]}
-    text = json.dumps(kept, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def plan_description(plan) -> dict:
