@@ -121,8 +121,8 @@ def lower_and_compile(jitted, args, repeat: int):
 
 
 def plan_stages(plan) -> dict:
-    """The planner's wall seconds by stage, from ``plan.solver``."""
-    s = plan.solver
+    """The planner's wall seconds by stage, from ``plan.stats``."""
+    s = plan.stats.to_dict()
     stages = dict(jaxpr=s["jaxpr_s"], graph_cost=s["trace_s"] - s["jaxpr_s"] + s["cost_s"],
                   coarsen=s["coarsen_s"], solve=s["solve_s"])
     stages["other"] = s["plan_s"] - sum(stages.values())
@@ -135,7 +135,7 @@ def pinned_to(case, mesh, name: str) -> dict:
     plan, plan_t = timed(lambda: plan_case(case, mesh, pins=case.experts[name](mesh)))
     compiled, lower_t, compile_t = lower_and_compile(plan.jit(case.donate_argnums),
                                                      case.args, 1)
-    return dict(objective_s=plan.solver["objective_s"], plan=plan_t, lower=lower_t,
+    return dict(objective_s=plan.stats.objective_s, plan=plan_t, lower=lower_t,
                 compile=compile_t, step_s=hlo_report(compiled, HARDWARE, mesh).total_s,
                 constraints=constraints(plan))
 
@@ -168,7 +168,7 @@ def run(layers: int, mesh, repeat: int, compare_all: bool, pin_experts=()) -> di
     lower_t, compile_t = row["lower"], row["compile"]
     expert_t = expert["lower"] + expert["compile"]
     auto_t = lower_t + compile_t
-    row.update(best=best, expert_t=expert_t, objective_s=plan.solver["objective_s"],
+    row.update(best=best, expert_t=expert_t, objective_s=plan.stats.objective_s,
                ratio=(plan_t.wall + auto_t.wall) / expert_t.wall,
                cpu_ratio=(plan_t.cpu + auto_t.cpu) / expert_t.cpu,
                floor=auto_t.wall / expert_t.wall, cpu_floor=auto_t.cpu / expert_t.cpu)

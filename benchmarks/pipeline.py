@@ -113,7 +113,7 @@ def gpt_part(args) -> None:
     print(f"auto plan: {auto.pipeline.describe() if auto.pipeline else 'no pipeline'}"
           + (f"; {auto.microbatching}" if auto.microbatching else ""))
     print("pipelines the auto plan weighed (predicted step):")
-    for tried in auto.solver.get("settings", []):
+    for tried in auto.stats.settings:
         if "schedule" in tried:
             step = f"{tried['step_s'] * 1e3:.2f} ms" if tried["step_s"] is not None else ""
             split = ",".join(tried["replica_axes"]) or "whole"
@@ -233,22 +233,22 @@ def llama_part(args) -> None:
     print(f"predicted peak {plan.cost.memory_bytes / 1e9:.2f} GB, step "
           f"{plan.cost.total_s:.3f} s (compute {plan.cost.compute_s:.3f} s, comm "
           f"{plan.cost.comm_s:.3f} s); planning took {plan_s:.1f} s")
-    print(f"the chosen setting's program: {plan.solver['nodes']} nodes, "
-          f"{plan.solver['groups']} groups, {plan.solver['solved_groups']} solved")
+    print(f"the chosen setting's program: {plan.stats.nodes} nodes, "
+          f"{plan.stats.groups} groups, {plan.stats.solved_groups} solved")
     print("settings tried (planning seconds each: trace / cost / coarsen / solve):")
-    for tried in plan.solver.get("settings", []):
+    for tried in plan.stats.settings:
         print(f"  {tried['setting']:32}{tried['plan_s']:>7.1f} s  ({stage_split(tried)})  "
               f"{tried['outcome']}"
               + (f", step {tried['step_s']:.3f} s" if tried["step_s"] is not None else ""))
     totals = {stage: sum((t["stage_s"] or {}).get(stage) or 0.0
-                         for t in plan.solver.get("settings", []))
+                         for t in plan.stats.settings)
               for stage in ("trace", "cost", "coarsen", "solve")}
     print(f"planning {plan_s:.1f} s wall, {cpu_s:.1f} s CPU: " +
           ", ".join(f"{stage} {s:.1f} s" for stage, s in totals.items()))
 
 
 def stage_split(tried: dict) -> str:
-    """A setting's planning seconds per stage, as ``plan.solver["settings"]`` lists them."""
+    """A setting's planning seconds per stage, as ``plan.stats.settings`` lists them."""
     stages = tried.get("stage_s") or {}
     return " / ".join(f"{stages.get(stage) or 0.0:.1f}"
                       for stage in ("trace", "cost", "coarsen", "solve"))

@@ -46,7 +46,7 @@ def timed_plan(program, mesh, **kwargs):
 
 
 def row(name, plan, total, again):
-    s = plan.solver
+    s = plan.stats.to_dict()
     stages = (s["jaxpr_s"], s["trace_s"] - s["jaxpr_s"], s["cost_s"], s["coarsen_s"],
               s["solve_s"])
     return (f"{name:14}{s['nodes']:>7}{s['groups']:>7}{s['solved_groups']:>7}"
@@ -113,7 +113,7 @@ def main():
             program = gpt(layers, scanned=variant == "scanned")
             plan, total, again = median_plan(program, mesh, args.repeat)
             totals[(variant, layers)] = total
-            jaxprs[(variant, layers)] = plan.solver["jaxpr_s"]
+            jaxprs[(variant, layers)] = plan.stats.jaxpr_s
             print(row(f"{variant} {layers}", plan, total, again), flush=True)
     for variant in args.variants.split(","):
         total = {n: t for (v, n), t in totals.items() if v == variant}

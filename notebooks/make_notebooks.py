@@ -322,7 +322,7 @@ print(len(viz.diff(plan, loaded)), "arguments differ after the round trip")
 viz.breakdown(loaded, top=3)
 '''),
     code('''
-loaded.bind(program.fn, *args)
+loaded = loaded.bind(program.fn, *args)
 fresh = programs.transformer_train_step(**lm)   # new buffers: the step donates its inputs
 _, _, loss = loaded.jit()(*fresh.args)
 print("loss from the loaded plan:", float(loss))

@@ -250,7 +250,7 @@ def plan(fn: Callable, *args, **keywords) -> Plan:
         ``hardware.DEVICE_KINDS``; an H100 node on CPU).
       memory_budget: bytes per device (default ``hardware.memory``), counted as XLA does:
         arguments + outputs + temporaries - donated, the temporaries as live at the
-        peak (XLA's packing of them can take a few percent more; see the README).
+        peak (XLA's packing of them can take a few percent more; see docs/planning.md).
       pins: ``{"params['wq']": PartitionSpec(None, "model")}``: specs the plan must keep,
         for arguments (by path, or a path prefix for a whole subtree) and for outputs
         (``"out"``, ``"out[0]"``, ...); or, like ``jax.jit``'s ``in_shardings``, a tuple
@@ -320,16 +320,18 @@ def plan_program(fn: Callable, args: tuple, options: PlanOptions) -> Plan:
             plan_ = solve_program(program, options, fingerprint, show, started)
             if options.cache:
                 PLANS.put(key, plan_.to_json(indent=None), directory)
-        plan_.solver["jaxpr_s"] = jaxpr_s   # this call's make_jaxpr, also on a cache hit
-        return plan_
+        # this call's make_jaxpr, also on a cache hit
+        return dataclasses.replace(plan_, stats=dataclasses.replace(plan_.stats,
+                                                                    jaxpr_s=jaxpr_s))
 
 
 def cached_plan(found: tuple[str, str], mesh: Mesh, program, started: float) -> Plan:
     text, where = found
     plan_ = Plan.from_json(text, mesh)
-    plan_._program = PlannedProgram(program.closed_jaxpr, program.in_tree, program.out_tree)
-    plan_.solver.update(cache=where, plan_s=time.perf_counter() - started)
-    return plan_
+    stats = dataclasses.replace(plan_.stats, cache=where, plan_s=time.perf_counter() - started)
+    return dataclasses.replace(
+        plan_, stats=stats,
+        program=PlannedProgram(program.closed_jaxpr, program.in_tree, program.out_tree))
 
 
 def solve_program(program, options: PlanOptions, fingerprint: str, show,

@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import json
 import time
+import types
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +36,7 @@ from autoshard.units import axis_sizes, format_bytes
 if TYPE_CHECKING:
     from autoshard.planning.options import PlanOptions
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2   # 2: "stats" (PlanStats) in place of the "solver" dict
 ALTERNATIVES_SHOWN = 4   # runner-up specs kept per argument
 
 
@@ -51,6 +52,54 @@ class PlanCost:
     @property
     def total_s(self) -> float:
         return self.compute_s + self.comm_s
+
+
+STAGES = ("trace", "cost", "coarsen", "solve")   # the planner's stages after make_jaxpr
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanStats:
+    """How a plan was found: the solver's outcome, the problem's size, seconds per stage.
+
+    ``status``: optimal | priced | time_limit | greedy | trivial (``solve.Result``);
+    ``objective_s``, ``tiebreak_s``, ``lower_bound_s``: the solved objective, its memory
+    tiebreak and the solver's bound; ``groups``, ``solved_groups`` (after coarsening),
+    ``nodes``, ``edges``: the problem's size; ``trace_s`` ... ``solve_s``: each stage's
+    seconds, ``jaxpr_s`` JAX's trace, ``plan_s`` the whole call; ``cache``: where a
+    cached plan came from (None: solved now); ``settings``: each setting the settings
+    search tried (``settings.py``), with its outcome and seconds.
+    """
+
+    status: str | None = None
+    objective_s: float | None = None
+    tiebreak_s: float | None = None
+    lower_bound_s: float | None = None
+    groups: int | None = None
+    solved_groups: int | None = None
+    nodes: int | None = None
+    edges: int | None = None
+    trace_s: float | None = None
+    cost_s: float | None = None
+    coarsen_s: float | None = None
+    solve_s: float | None = None
+    jaxpr_s: float | None = None
+    plan_s: float | None = None
+    cache: str | None = None
+    settings: tuple[Mapping[str, Any], ...] = ()
+
+    def stage_seconds(self) -> dict[str, float | None]:
+        """Seconds per stage (``STAGES``)."""
+        return {stage: getattr(self, f"{stage}_s") for stage in STAGES}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "settings": [dict(s) for s in self.settings]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> PlanStats:
+        """The record of ``to_dict`` (fields it does not know are left out)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        known = {k: v for k, v in (d or {}).items() if k in names}
+        return cls(**{**known, "settings": tuple(known.get("settings") or ())})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,8 +221,10 @@ def output_specs(graph, chosen) -> list[Spec]:
             for node_id, aval in zip(graph.output_nodes, graph.out_avals)]
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
 class Plan:
-    """A sharding plan for one program on one mesh.
+    """A sharding plan for one program on one mesh. Frozen: a change (a bound program,
+    a setting's microbatching) is a new plan (``dataclasses.replace``).
 
     Example::
 
@@ -182,53 +233,54 @@ class Plan:
         params, opt_state, loss = plan.jit(donate_argnums=(0, 1))(params, opt_state, batch)
     """
 
-    def __init__(self, *, mesh: Mesh, hardware: Hardware, arguments: Sequence[ArgumentInfo],
-                 out_specs: Sequence[Spec], decisions: Mapping[tuple, Decision], cost: PlanCost,
-                 fingerprint: str, memory_budget: float | None = None, donate_argnums=(),
-                 program: PlannedProgram | None = None, solver: Mapping[str, Any] | None = None,
-                 breakdown: Sequence[CostItem] = (),
-                 memory_parts: Mapping[str, float] | None = None):
-        self.mesh = mesh
-        self.hardware = hardware
-        self.arguments = tuple(arguments)
-        self.out_specs = tuple(out_specs)
-        self.decisions = dict(decisions)
-        self.cost = cost
-        self.fingerprint = fingerprint
-        self.memory_budget = memory_budget
-        self.donate_argnums = tuple(donate_argnums)
-        self.solver = dict(solver or {})
-        self._program: PlannedProgram | None = program   # when planned or bound here
-        self.breakdown = tuple(breakdown)          # CostItem per (group, layer)
-        self.memory_parts = dict(memory_parts or {})  # arguments/outputs/temporaries bytes
-        self.microbatching = None   # accumulate.Microbatching when planned with microbatches
+    mesh: Mesh
+    hardware: Hardware
+    arguments: tuple[ArgumentInfo, ...]
+    out_specs: tuple[Spec, ...]
+    decisions: Mapping[tuple, Decision]
+    cost: PlanCost
+    fingerprint: str
+    memory_budget: float | None = None
+    donate_argnums: tuple[int, ...] = ()
+    stats: PlanStats = PlanStats()
+    breakdown: tuple[CostItem, ...] = ()                 # CostItem per (group, layer)
+    memory_parts: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    microbatching: Any = None   # accumulate.Microbatching when planned with microbatches
+    program: PlannedProgram | None = dataclasses.field(default=None, repr=False)
+
+    def __post_init__(self):
+        for name, kind in (("arguments", tuple), ("out_specs", tuple), ("donate_argnums", tuple),
+                           ("breakdown", tuple), ("decisions", types.MappingProxyType),
+                           ("memory_parts", types.MappingProxyType)):
+            value = getattr(self, name)
+            object.__setattr__(self, name, kind(dict(value) if kind is types.MappingProxyType
+                                                else value))
 
     @classmethod
     def from_solution(cls, solution: Solution, options: PlanOptions, fingerprint: str,
                       started: float) -> Plan:
         """The plan of ``solution`` (the solve stage's), planned with ``options`` for the
         program of ``fingerprint``; ``started``: ``time.perf_counter()`` when planning
-        began (``solver["plan_s"]``)."""
+        began (``stats.plan_s``)."""
         cg, found, choice = solution.cost_graph, solution.evaluation, solution.choice
         graph = cg.space.graph
         chosen = cg.node_strategies(choice)
         reshards = operand_reshard_seconds(cg, chosen)
-        plan_ = cls(mesh=options.mesh, hardware=options.hardware,
-                    arguments=argument_infos(cg, choice, solution.local_seconds),
-                    out_specs=output_specs(graph, chosen), decisions=decisions_from(cg, chosen),
-                    cost=plan_cost(found), fingerprint=fingerprint,
-                    memory_budget=options.memory_budget, donate_argnums=options.donate_argnums,
-                    program=PlannedProgram(graph.closed_jaxpr, graph.in_tree, graph.out_tree),
-                    breakdown=cost_breakdown(cg, chosen, reshards, found.latency_s),
-                    memory_parts=memory_parts(cg, choice, found.peak_bytes))
-        plan_.solver.update({
-            "status": solution.status, "objective_s": solution.objective_s,
-            "tiebreak_s": found.tiebreak_s, "lower_bound_s": solution.lower_bound_s,
-            "groups": cg.num_groups, "solved_groups": solution.solved_groups,
-            "nodes": len(graph.nodes), "edges": len(cg.edges),
+        stats = PlanStats(
+            status=solution.status, objective_s=solution.objective_s,
+            tiebreak_s=found.tiebreak_s, lower_bound_s=solution.lower_bound_s,
+            groups=cg.num_groups, solved_groups=solution.solved_groups,
+            nodes=len(graph.nodes), edges=len(cg.edges),
             **{f"{stage}_s": s for stage, s in solution.stage_seconds.items()},
-            "plan_s": time.perf_counter() - started, "cache": None})
-        return plan_
+            plan_s=time.perf_counter() - started)
+        return cls(mesh=options.mesh, hardware=options.hardware,
+                   arguments=argument_infos(cg, choice, solution.local_seconds),
+                   out_specs=output_specs(graph, chosen), decisions=decisions_from(cg, chosen),
+                   cost=plan_cost(found), fingerprint=fingerprint,
+                   memory_budget=options.memory_budget, donate_argnums=options.donate_argnums,
+                   stats=stats, breakdown=cost_breakdown(cg, chosen, reshards, found.latency_s),
+                   memory_parts=memory_parts(cg, choice, found.peak_bytes),
+                   program=PlannedProgram(graph.closed_jaxpr, graph.in_tree, graph.out_tree))
 
     @property
     def pipeline(self):
@@ -263,13 +315,14 @@ class Plan:
     def require_program(self, what: str) -> PlannedProgram:
         """The program the plan runs; ``what`` names the caller in the error raised on a
         plan loaded from JSON and not bound."""
-        if self._program is None:
-            raise PlanError(f"{what} needs the program: call plan.bind(fn, *args) on a plan "
-                            "loaded from JSON")
-        return self._program
+        if self.program is None:
+            raise PlanError(f"{what} needs the program: plan = plan.bind(fn, *args) on a "
+                            "plan loaded from JSON")
+        return self.program
 
     def bind(self, fn, *args) -> Plan:
-        """Attach the program to a plan loaded from JSON; checks it is the same program."""
+        """The plan with the program attached (a plan loaded from JSON has none); checks it
+        is the program the plan was made for."""
         from autoshard.frontend.trace import flatten_args, hold_static_leaves, release_static_leaves
         from autoshard.rewrite.accumulate import microbatching
         validate.function(fn)
@@ -292,8 +345,8 @@ class Plan:
         if found != self.fingerprint:
             raise PlanError(f"program fingerprint {found} differs from the plan's "
                             f"{self.fingerprint}: the plan was made for another program")
-        self._program = PlannedProgram(closed, in_tree, jax.tree_util.tree_structure(out_shapes))
-        return self
+        program = PlannedProgram(closed, in_tree, jax.tree_util.tree_structure(out_shapes))
+        return dataclasses.replace(self, program=program)
 
     def jit(self, donate_argnums: Sequence[int] | None = None):
         """jax.jit of the rewritten function with the plan's in/out shardings."""
@@ -387,9 +440,9 @@ class Plan:
                            "in": [spec_to_json(s) for s in d.in_specs],
                            "out": [spec_to_json(s) for s in d.out_specs]}
                           for k, d in self.decisions.items()],
-            "solver": self.solver,
+            "stats": self.stats.to_dict(),
             "breakdown": [item.to_dict() for item in self.breakdown],
-            "memory_parts": self.memory_parts,
+            "memory_parts": dict(self.memory_parts),
             **({"microbatching": dataclasses.asdict(self.microbatching)}
                if self.microbatching is not None else {}),
         }
@@ -435,15 +488,17 @@ class Plan:
             donate_argnums = tuple(int(k) for k in d["donate_argnums"])
         with json_field("breakdown"):
             breakdown = [CostItem.from_dict(x) for x in d.get("breakdown", ())]
-        plan_ = cls(mesh=mesh, hardware=hardware, arguments=arguments, out_specs=out_specs,
-                    decisions=decisions, cost=cost, fingerprint=d["fingerprint"],
-                    memory_budget=d["memory_budget"], donate_argnums=donate_argnums,
-                    solver=d.get("solver"), breakdown=breakdown,
-                    memory_parts=d.get("memory_parts"))
+        with json_field("stats"):
+            stats = PlanStats.from_dict(d.get("stats"))
+        microbatching = None
         if d.get("microbatching"):
             with json_field("microbatching"):
-                plan_.microbatching = microbatching_from_json(d["microbatching"])
-        return plan_
+                microbatching = microbatching_from_json(d["microbatching"])
+        return cls(mesh=mesh, hardware=hardware, arguments=arguments, out_specs=out_specs,
+                   decisions=decisions, cost=cost, fingerprint=d["fingerprint"],
+                   memory_budget=d["memory_budget"], donate_argnums=donate_argnums,
+                   stats=stats, breakdown=breakdown, memory_parts=d.get("memory_parts") or {},
+                   microbatching=microbatching)
 
     def __repr__(self) -> str:
         c = self.cost

@@ -35,9 +35,6 @@ if TYPE_CHECKING:
 PlanProgram = Callable[[Callable, tuple, PlanOptions], "Plan"]   # plans one traced program
 
 AUTO_MAX_MICROBATCHES = 64
-STAGES = ("trace", "cost", "coarsen", "solve")   # the planning stages a setting's seconds
-#                                                   split into (``plan.solver["settings"]``)
-
 
 log = logging.getLogger(__name__)
 
@@ -102,14 +99,14 @@ def plan_with_microbatches(search: Search):
     remats = remat_choices(search.options.remat)
     record = TraceRecord()
     base, failure, best = None, None, None
-    trail: list[dict] = []   # every setting tried, as plan.solver["settings"] lists them
+    trail: list[dict] = []   # every setting tried, as plan.stats.settings lists them
     for policy in remats:   # K = 1
         setting = None if policy is None else Microbatching(1, remat=policy)
         candidate, failure, _ = plan_within_budget(search, setting, failure, record,
                                                    _seconds(best), trail)
         if candidate is None:
             continue
-        candidate.microbatching = setting
+        candidate = dataclasses.replace(candidate, microbatching=setting)
         base = base if policy is not None and base is not None else candidate
         if best is None or candidate.cost.total_s < best.cost.total_s:
             best = candidate
@@ -140,7 +137,7 @@ def plan_with_microbatches(search: Search):
                 rejected = rejected or candidate is None and not slower
                 if candidate is None:
                     continue
-                candidate.microbatching = setting
+                candidate = dataclasses.replace(candidate, microbatching=setting)
                 if found is None or candidate.cost.total_s < found.cost.total_s:
                     found = candidate
         if found is not None and (best is None or found.cost.total_s < best.cost.total_s):
@@ -152,8 +149,7 @@ def plan_with_microbatches(search: Search):
             raise failure
         raise InputError(f"batch of {size} rows does not split into {microbatches} "
                          f"microbatches on mesh {sizes}")
-    best.solver["settings"] = trail
-    return best
+    return with_settings(best, trail)
 
 
 def _seconds(*plans) -> float | None:
@@ -172,7 +168,7 @@ def plan_within_budget(search: Search, setting, failure, record=None, beat=None,
     found, outcome, stages = None, "fits", None
     try:
         found = search.plan(setting, record, beat)
-        stages = {stage: found.solver.get(f"{stage}_s") for stage in STAGES}
+        stages = found.stats.stage_seconds()
     except MemoryBudgetError as e:
         failure, outcome = e, f"over budget: at least {e.smallest_bytes:.4g} bytes"
         stages = getattr(e, "stage_seconds", None)
@@ -190,6 +186,12 @@ def plan_within_budget(search: Search, setting, failure, record=None, beat=None,
                       "step_s": None if found is None else found.cost.total_s,
                       "plan_s": time.perf_counter() - started, "stage_s": stages})
     return found, failure, outcome.startswith("cannot beat")
+
+
+def with_settings(plan: Plan, trail: list[dict]) -> Plan:
+    """``plan`` with the settings tried to find it (``PlanStats.settings``)."""
+    return dataclasses.replace(plan, stats=dataclasses.replace(plan.stats,
+                                                               settings=tuple(trail)))
 
 
 def describe(setting: Microbatching | None) -> str:
@@ -230,7 +232,7 @@ def plan_with_pipeline(search: Search):
     if pipeline == "auto":
         try:
             best = plan_with_microbatches(search)
-            trail = best.solver.get("settings", [])
+            trail = list(best.stats.settings)
         except MemoryBudgetError as e:
             failure = e
     for steps in (2 ** n for n in range(7)):   # accumulation steps K = 1, 2, 4, ...
@@ -246,8 +248,7 @@ def plan_with_pipeline(search: Search):
         if failure is not None:
             raise failure
         raise InputError(f"no layer stack of the marked loss pipelines over {axes}")
-    best.solver["settings"] = trail
-    return best
+    return with_settings(best, trail)
 
 
 def circular_repeats(layers: int, stages: int, microbatches: int) -> list[int]:
@@ -284,7 +285,7 @@ def fastest_pipeline(search: Search, axes, steps: int, failure, strict: bool, re
     stack the stages and microbatches divide). ``strict``: a setting that finds no such
     stack raises (the one setting asked for), rather than being skipped. ``repeats="auto"``
     weighs GPipe, then the circular schedule's repeats the stack's layers divide.
-    ``trail`` hears each setting planned, as ``plan.solver["settings"]`` lists them. A
+    ``trail`` hears each setting planned, as ``plan.stats.settings`` lists them. A
     setting that cannot beat ``beat`` seconds or the fastest so far is dropped after one
     LP (``PlanOptions.seconds_to_beat``)."""
     microbatches, sizes = search.options.microbatches, search.sizes
@@ -326,8 +327,8 @@ def fastest_pipeline(search: Search, axes, steps: int, failure, strict: bool, re
                 if candidate is None:
                     continue
                 divided = True
-                candidate.microbatching = dataclasses.replace(
-                    setting, pipeline=dataclasses.replace(setting.pipeline, layers=layers))
+                candidate = dataclasses.replace(candidate, microbatching=dataclasses.replace(
+                    setting, pipeline=dataclasses.replace(setting.pipeline, layers=layers)))
                 if best is None or candidate.cost.total_s < best.cost.total_s:
                     best = candidate
     return best, failure, divided
@@ -335,7 +336,7 @@ def fastest_pipeline(search: Search, axes, steps: int, failure, strict: bool, re
 
 def pipeline_trail(setting: Microbatching, layers: int, outcome: str, found,
                    plan_s: float) -> dict:
-    """A pipelined setting tried, as ``plan.solver["settings"]`` lists settings."""
+    """A pipelined setting tried, as ``plan.stats.settings`` lists settings."""
     staged = dataclasses.replace(setting.pipeline, layers=layers)
     return {"setting": f"{describe(setting)}; {staged.describe()}", "outcome": outcome,
             "microbatches": setting.microbatches,

@@ -693,7 +693,7 @@ def shardings_by_path(plan: Plan, in_shardings) -> dict[str, Any]:
     subtree), as ``jax.jit`` accepts.
     """
     paths = [a.path for a in plan.arguments]
-    program = plan._program
+    program = plan.program
     if program is not None:
         full = jax.tree_util.tree_unflatten(program.in_tree, paths)
         try:

@@ -391,9 +391,9 @@ def run_zoo(model: str, size: str, mesh_text: str, steps: int, hardware: str | N
         plan = distributed.plan_train_step(case.train_step, *case.args, **plan_kwargs)
     else:
         plan = autoshard.plan(case.train_step, *case.args, **plan_kwargs)
-    s = plan.solver
-    say(f"      trace {s.get('trace_s', 0):.1f} s, cost {s.get('cost_s', 0):.1f} s, "
-        f"solve {s.get('solve_s', 0):.1f} s ({s.get('status', '')})")
+    s = plan.stats
+    say(f"      trace {s.trace_s or 0:.1f} s, cost {s.cost_s or 0:.1f} s, "
+        f"solve {s.solve_s or 0:.1f} s ({s.status or ''})")
     say(plan.summary_text(width=TABLE_WIDTH, full=full))
     if plan.pipeline is not None:
         from autoshard.report import viz

@@ -1,5 +1,5 @@
 """A reshard as apply writes it, compiled: the yardstick the cost stage's reshard prices
-are checked against (``tests/test_cost.py``, ``tests/test_partitioner.py``,
+are checked against (``tests/unit/cost/test_cost.py``, ``tests/unit/cost/test_partitioner.py``,
 ``benchmarks/reshard_accuracy.py``)."""
 
 from __future__ import annotations

@@ -230,11 +230,11 @@ def test_priced_budget_plan_matches_one_device(mesh_1d, monkeypatch):
     budget = 0.6 * free.cost.memory_bytes
     plan = autoshard.plan(case.train_step, *case.args, mesh=mesh_1d, memory_budget=budget,
                           cache=False)
-    assert plan.solver["status"] in ("priced", "optimal")
+    assert plan.stats.status in ("priced", "optimal")
     compiled = plan.jit().lower(*case.args).compile()     # judged as XLA counts it
     report = autoshard.report.hlo_report.hlo_report(compiled, plan.hardware, mesh_1d)
     assert report.memory_bytes <= budget
-    assert plan.solver["lower_bound_s"] <= plan.cost.total_s * (1 + 1e-6)
+    assert plan.stats.lower_bound_s <= plan.cost.total_s * (1 + 1e-6)
     assert_matches(case, plan.jit()(*case.args), reference("gpt", "tiny"))
 
 
@@ -245,4 +245,4 @@ def test_large_sizes_plan_within_80gb(name, mesh_2d):
     plan = autoshard.plan(case.train_step, *case.args, mesh=mesh_2d, memory_budget=80e9,
                           donate_argnums=case.donate_argnums)
     assert plan.cost.memory_bytes <= 80e9
-    assert plan.solver["status"] == "optimal"
+    assert plan.stats.status == "optimal"

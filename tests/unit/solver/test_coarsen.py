@@ -131,8 +131,8 @@ def test_reuse_solves_repeated_layers_once(four_layers, mesh_2d):
     reused = autoshard.plan(four_layers.fn, *args, mesh=mesh_2d, hardware=SLOW, cache=False)
     alone = autoshard.plan(four_layers.fn, *args, mesh=mesh_2d, hardware=SLOW, reuse=False,
                            cache=False)
-    assert reused.solver["solved_groups"] < 0.6 * reused.solver["groups"]
-    assert alone.solver["solved_groups"] == alone.solver["groups"]
+    assert reused.stats.solved_groups < 0.6 * reused.stats.groups
+    assert alone.stats.solved_groups == alone.stats.groups
     assert any(a.spec != ((),) * len(a.shape) for a in reused.arguments)   # not trivial
     assert reused.cost.total_s <= alone.cost.total_s * 1.01
     # copies chose alike: every layer's weight has the spec layer 1's has
@@ -170,15 +170,15 @@ def test_cache_in_memory_and_on_disk(four_layers, mesh_2d, mesh_1d, tmp_path):
     plan_cache.PLANS.clear()
     kwargs = dict(mesh=mesh_2d, hardware=SLOW, cache_directory=tmp_path)
     fresh = autoshard.plan(four_layers.fn, *args, **kwargs)
-    assert fresh.solver["cache"] is None and len(list(tmp_path.glob("*.json"))) == 1
+    assert fresh.stats.cache is None and len(list(tmp_path.glob("*.json"))) == 1
     # JAX's make_jaxpr is timed apart, within the trace stage
-    assert 0 < fresh.solver["jaxpr_s"] <= fresh.solver["trace_s"] <= fresh.solver["plan_s"]
+    assert 0 < fresh.stats.jaxpr_s <= fresh.stats.trace_s <= fresh.stats.plan_s
     again = autoshard.plan(four_layers.fn, *args, **kwargs)
-    assert again.solver["cache"] == "memory" and plan_fields(again) == plan_fields(fresh)
-    assert 0 < again.solver["jaxpr_s"] <= again.solver["plan_s"]   # this call's trace
+    assert again.stats.cache == "memory" and plan_fields(again) == plan_fields(fresh)
+    assert 0 < again.stats.jaxpr_s <= again.stats.plan_s   # this call's trace
     plan_cache.PLANS.clear()   # as another process would start
     loaded = autoshard.plan(four_layers.fn, *args, **kwargs)
-    assert loaded.solver["cache"] == "disk" and plan_fields(loaded) == plan_fields(fresh)
+    assert loaded.stats.cache == "disk" and plan_fields(loaded) == plan_fields(fresh)
     out = loaded.jit()(*four_layers.args)   # the cached plan carries its program
     want = jax.eval_shape(four_layers.fn, *args)
     assert [x.shape for x in jax.tree.leaves(out)] == [x.shape for x in jax.tree.leaves(want)]
@@ -187,7 +187,7 @@ def test_cache_in_memory_and_on_disk(four_layers, mesh_2d, mesh_1d, tmp_path):
                             cache_directory=tmp_path),
              autoshard.plan(four_layers.fn, *args, mesh=mesh_2d, cache_directory=tmp_path),
              autoshard.plan(four_layers.fn, *args, memory_budget=5e7, **kwargs)]
-    assert all(p.solver["cache"] is None for p in other)
+    assert all(p.stats.cache is None for p in other)
     assert len(list(tmp_path.glob("*.json"))) == 4
 
 
@@ -221,7 +221,7 @@ def test_reuse_lets_neighbouring_layers_alternate(mesh_1d):
                             donate_argnums=case.donate_argnums, reuse=reuse, cache=False)
              for reuse in (True, False)]
     reused, alone = plans
-    assert reused.solver["solved_groups"] < alone.solver["solved_groups"]
+    assert reused.stats.solved_groups < alone.stats.solved_groups
     assert reused.cost.total_s <= alone.cost.total_s * 1.01
     kernels = [reused.argument(f"state['params']['hidden'][{i}]['kernel']").spec
                for i in range(2, 6)]

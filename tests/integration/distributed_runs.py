@@ -1,4 +1,4 @@
-"""Runs of tests/distributed_driver.py in subprocesses, shared by the test modules.
+"""Runs of tests/integration/distributed_driver.py in subprocesses, shared by the test modules.
 
 Each run gets its own device count (set before JAX starts in the child), so the pytest
 process's 8 simulated devices never leak into it. The uninterrupted two-process reference
@@ -18,8 +18,8 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DRIVER = os.path.join(ROOT, "tests", "distributed_driver.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DRIVER = os.path.join(ROOT, "tests", "integration", "distributed_driver.py")
 RUN_TIMEOUT_S = 420
 STEPS = 10
 CHECKPOINT_EVERY = 5

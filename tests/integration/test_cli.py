@@ -198,3 +198,21 @@ def test_missing_extra_is_one_line():
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and 'pip install "autoshard[zoo]"' in lines[0], result.stderr
+
+
+def test_debug_shows_the_traceback_of_an_unexpected_error(monkeypatch, capsys):
+    from autoshard.runtime import cli
+
+    def broken():
+        raise RuntimeError("deep inside")
+    monkeypatch.setattr(cli, "list_models", broken)
+    monkeypatch.delenv(cli.DEBUG_VARIABLE, raising=False)
+    assert cli.main(["zoo", "--list"]) == 1
+    err = capsys.readouterr().err
+    assert "RuntimeError: deep inside" in err and "--debug" in err and "Traceback" not in err
+    assert cli.main(["--debug", "zoo", "--list"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "in broken" in err
+    monkeypatch.setenv(cli.DEBUG_VARIABLE, "1")
+    assert cli.main(["zoo", "--list"]) == 1
+    assert "Traceback" in capsys.readouterr().err

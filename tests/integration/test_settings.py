@@ -89,7 +89,7 @@ def test_auto_microbatches_keep_the_fastest_fitting_k_and_stop_when_outpaced(mes
     # and planned with the caller's options otherwise
     for _, received in planner.calls:
         assert dataclasses.replace(received, seconds_to_beat=None) == options
-    outcomes = [(s["setting"], s["outcome"]) for s in found.solver["settings"]]
+    outcomes = [(s["setting"], s["outcome"]) for s in found.stats.settings]
     assert outcomes == [
         ("K=1, no remat", "over budget: at least 200 bytes"),
         ("K=2 over data, remat none", "fits"),

@@ -9,7 +9,7 @@ import pytest
 from autoshard.rules import RULES, coverage, replicate_all
 from autoshard.rules.replicated import REPLICATED
 
-PAGE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "coverage.md"
+PAGE = pathlib.Path(__file__).resolve().parents[3] / "docs" / "coverage.md"
 
 
 @pytest.fixture(scope="module")

@@ -275,7 +275,7 @@ def settings_tried(mesh):
     budget = 0.7 * plan().cost.memory_bytes
     chosen = plan(memory_budget=budget, microbatches="auto", remat="auto")
     alone = []
-    for t in chosen.solver["settings"]:
+    for t in chosen.stats.settings:
         setting = Microbatching(t["microbatches"], tuple(t["replica_axes"]),
                                 int(np.prod([mesh.shape[a] for a in t["replica_axes"]])),
                                 remat=t["remat"])

@@ -1,8 +1,10 @@
 """``PlanOptions``: plan()'s keywords checked and resolved once, where they are built."""
 
 import dataclasses
+import inspect
 
 import jax
+import numpy as np
 import pytest
 from jax.sharding import AxisType, PartitionSpec
 
@@ -64,3 +66,22 @@ def test_the_cache_key_reads_the_options_that_decide_a_plan(mesh_2d):
                    {"donate_argnums": (0,)}, {"pins": {"x": PartitionSpec("model")}},
                    {"hardware": dataclasses.replace(base.hardware, flops=1e12)}):
         assert key(**change) != key(), change
+
+
+def test_an_unknown_keyword_is_named_with_the_one_it_resembles(mesh_2d):
+    with pytest.raises(autoshard.OptionError,
+                       match=r"'memory_budgt'.*did you mean 'memory_budget'"):
+        autoshard.plan(lambda x: x, np.ones(8), mesh=mesh_2d, memory_budgt=1e9)
+    with pytest.raises(autoshard.OptionError, match="'mesh_shape'"):
+        autoshard.auto_shard(mesh=mesh_2d, mesh_shape=(2, 4))
+    with pytest.raises(autoshard.MeshError, match="needs mesh="):
+        autoshard.plan(lambda x: x, np.ones(8))
+
+
+def test_plan_and_auto_shard_show_the_keywords_declared_once():
+    fields = [f.name for f in dataclasses.fields(PlanOptions) if not f.kw_only]
+    for fn, leading in ((autoshard.plan, ["fn", "args"]), (autoshard.auto_shard, ["fn"])):
+        parameters = inspect.signature(fn).parameters
+        assert list(parameters) == leading + fields
+        assert parameters["time_limit_s"].default == PlanOptions.time_limit_s
+        assert parameters["mesh"].default is inspect.Parameter.empty

@@ -257,7 +257,7 @@ def test_forced_pipeline_matches_single_device(stack_args, mesh_2d):
 def test_auto_pipeline_is_the_fastest_candidate_and_matches(stack_args, mesh_2d):
     expected = jax.jit(stack_step)(*stack_args)
     plan_ = plan_stack(stack_args, mesh_2d, pipeline="auto")   # both schedules weighed
-    assert any(t.get("schedule") == "circular" for t in plan_.solver.get("settings", []))
+    assert any(t.get("schedule") == "circular" for t in plan_.stats.settings)
     assert_matches(plan_.jit()(*stack_args), expected)
     for other in (plan_stack(stack_args, mesh_2d),
                   plan_stack(stack_args, mesh_2d, pipeline="data", microbatches=4)):
@@ -383,7 +383,7 @@ def test_microbatch_slices_inside_stages_reduce_gradients_once(stack_args, mesh_
 
 def test_pipelines_weigh_microbatches_whole_and_split_inside_stages(stack_args, mesh_2d):
     plan_ = plan_stack(stack_args, mesh_2d, pipeline="data", microbatches=4)
-    splits = {tuple(t["replica_axes"]) for t in plan_.solver["settings"]}
+    splits = {tuple(t["replica_axes"]) for t in plan_.stats.settings}
     assert splits == {(), ("model",)}
 
 

@@ -1,6 +1,6 @@
 """Multi-process runs: launcher, start-up, plan agreement, numerics across processes, resume.
 
-The multi-process tests run tests/distributed_driver.py in subprocesses (2 processes x 4
+The multi-process tests run tests/integration/distributed_driver.py in subprocesses (2 processes x 4
 simulated CPU devices with gloo collectives) and compare with one process of 8 devices.
 """
 

@@ -1,6 +1,6 @@
 """autoshard.report.hlo_report: the compiled program, priced.
 
-Snippets under tests/hlo/ are real CPU ``compiled.as_text()`` output of this jax version
+Snippets under tests/unit/report/hlo/ are real CPU ``compiled.as_text()`` output of this jax version
 (explicit_groups, iota_groups, cpu_reduce_scatter, convolution: lightly edited) or
 hand-written in the same syntax (mesh_groups, while_nested, empty_groups,
 cpu_all_reduce_not_sliced, and async_gpu in the GPU backend's async style).

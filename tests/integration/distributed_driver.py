@@ -6,7 +6,7 @@ checkpoints every K steps. Process 0 writes a JSON result (losses by step, the s
 indices consumed, the step it resumed from).
 
     python -m autoshard.runtime.launch -n 2 --devices-per-process 4 -- \
-        python tests/distributed_driver.py --mesh 2x4 --steps 10 --out result.json
+        python tests/integration/distributed_driver.py --mesh 2x4 --steps 10 --out result.json
 """
 
 from __future__ import annotations

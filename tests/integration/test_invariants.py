@@ -136,9 +136,9 @@ def plan_of(name, layout=None, reuse=True):
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_pins_never_help(name):
-    free = plan_of(name).solver["objective_s"]
+    free = plan_of(name).stats.objective_s
     for layout in layouts(name):
-        pinned = plan_of(name, layout).solver["objective_s"]
+        pinned = plan_of(name, layout).stats.objective_s
         assert free <= pinned * (1 + RELATIVE), (layout, free, pinned)
 
 
@@ -146,8 +146,8 @@ def test_pins_never_help(name):
 def test_reported_cost_is_objective(name):
     for layout in [None, *layouts(name)]:
         plan = plan_of(name, layout)
-        assert plan.cost.total_s + plan.solver["tiebreak_s"] == pytest.approx(
-            plan.solver["objective_s"], rel=RELATIVE), layout
+        assert plan.cost.total_s + plan.stats.tiebreak_s == pytest.approx(
+            plan.stats.objective_s, rel=RELATIVE), layout
 
 
 @functools.cache
@@ -191,7 +191,7 @@ def test_evaluate_agrees_with_solver(name):
     assert result.objective == pytest.approx(optimum_s, rel=MIP_GAP)
     assert evaluate(request, coarse.expand(result.choice))[0] == pytest.approx(
         result.objective, rel=RELATIVE)
-    assert plan_of(name).solver["objective_s"] == pytest.approx(optimum_s, rel=MIP_GAP)
+    assert plan_of(name).stats.objective_s == pytest.approx(optimum_s, rel=MIP_GAP)
 
 
 def random_choices(request, count: int, seed: int = 0) -> list[np.ndarray]:
@@ -260,9 +260,9 @@ def test_reuse_and_coarsening_cost_nothing(name):
     request, _, _ = solved(name)
     exact = solve(request).objective
     assert solve(drop_dominated(request)).objective == pytest.approx(exact, rel=RELATIVE)
-    alone = plan_of(name, reuse=False).solver["objective_s"]
+    alone = plan_of(name, reuse=False).stats.objective_s
     assert alone == pytest.approx(exact, rel=RELATIVE)
-    reused = plan_of(name).solver["objective_s"]
+    reused = plan_of(name).stats.objective_s
     assert alone * (1 - RELATIVE) <= reused <= alone * (1 + REUSE_TOLERANCE)
 
 
@@ -296,5 +296,5 @@ def test_pins_never_help_under_a_memory_budget():
                               memory_budget=budget, pins=pins, cache=False, progress=False,
                               donate_argnums=case.donate_argnums)
         assert plan.cost.memory_bytes <= budget
-        return plan.solver["objective_s"]
+        return plan.stats.objective_s
     assert objective() <= objective(case.experts["megatron"](mesh)) * (1 + RELATIVE)
