@@ -77,6 +77,12 @@ def closed_jaxpr(constvars: Sequence, invars: Sequence, outvars: Sequence, eqns:
     return ClosedJaxpr(jaxpr, list(consts))
 
 
+def part_debug_info(jaxpr):
+    """``jaxpr``'s debug info for a jaxpr made of some of its equations: its names of
+    arguments and results dropped."""
+    return jaxpr.debug_info.with_unknown_names()
+
+
 def new_var(aval) -> Var:
     """A fresh variable of type ``aval``."""
     return Var(aval)
@@ -85,6 +91,19 @@ def new_var(aval) -> Var:
 def eval_jaxpr(jaxpr, consts: Sequence, *args) -> list:
     """JAX's evaluation of an open jaxpr on ``consts`` and ``args``."""
     return jax.core.eval_jaxpr(jaxpr, consts, *args)
+
+
+def eval_eqn(eqn, ins: Sequence) -> list:
+    """One equation applied to ``ins`` as :func:`eval_jaxpr` applies it (a call's body
+    handed over as ``get_bind_params`` says); its results as a list."""
+    with eqn.ctx.manager:
+        outs = eqn.primitive.bind(*ins, **eqn.primitive.get_bind_params(eqn.params))
+    return list(outs) if eqn.primitive.multiple_results else [outs]
+
+
+def with_invars(eqn, invars: Sequence):
+    """``eqn`` reading ``invars`` in place of its operands."""
+    return eqn.replace(invars=list(invars))
 
 
 def is_tracer(value) -> bool:

@@ -2,8 +2,9 @@
 the circular (interleaved) schedule.
 
 The repeated layers are the loss's ``lax.scan`` over stacked layer weights (``[L, ...]``
-leaves of its ``xs``), the one with the most iterations. The rewrite, before the gradient
-is taken (so autodiff writes the backward pass):
+leaves of its ``xs``), the one with the most iterations; without one, a Python loop over a
+list of layers, rolled into such a scan first (``unrolled``). The rewrite, before the
+gradient is taken (so autodiff writes the backward pass):
 
 - the stack is reshaped to ``[V, S, L / (S V), ...]`` (V repeats: 1 for GPipe) and its
   stage dim sharded over the stage axis (a ``with_sharding_constraint`` the planner keeps,
@@ -53,6 +54,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from autoshard.errors import InputError
 from autoshard.frontend import jax_compat
 from autoshard.frontend.interpret import INLINED, bind, run_inlined, run_jaxpr
+from autoshard.rewrite import unrolled
 
 # -- the stage shift -----------------------------------------------------------------------
 #
@@ -227,13 +229,20 @@ def pipelined(fun: Callable, setting: Pipelining | None, mesh, batch_of: Callabl
         closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*flat)
         batch = batch_of(args)
         target = stack_scan(closed.jaxpr, batch, stages, count)
+        layout = unrolled.find_layout(closed.jaxpr) if target is None else None
+        if layout is not None:   # a loop over a list of layers: rolled into a scan
+            flat_fun = unrolled.rolled(flat_fun, layout)
+            closed = jax.make_jaxpr(flat_fun)(*flat)
+            target = stack_scan(closed.jaxpr, batch, stages, count)
         if target is None:
             raise InputError(
                 f"no layer stack to {'pipeline' if setting else 'rematerialize'}: the marked "
-                f"loss has no lax.scan over stacked layers whose length {stages} "
+                f"loss has no lax.scan over stacked layers, nor a loop over a list of "
+                f"repeated layers, whose length {stages} "
                 f"{'stage passes' if setting is not None and setting.repeats > 1 else 'stages'} "
                 f"divide and whose carry holds the batch of {batch} rows in {count} "
-                "microbatch slices")
+                "microbatch slices"
+                + (f" (the repeated layers found: {layout.count})" if layout else ""))
         micro_target = None
         if setting is not None:
             rows = batch // count
