@@ -11,7 +11,7 @@ import pytest
 import autoshard
 from autoshard.errors import MemoryBudgetError
 from autoshard.planning.options import PlanOptions
-from autoshard.planning.plan import ArgumentInfo, PlanCost
+from autoshard.planning.plan import ArgumentInfo, PlanCost, PlanStats
 from autoshard.planning.settings import plan_settings, replica_candidates
 from autoshard.rewrite.accumulate import active_setting
 from autoshard.solver.solve import CannotBeat
@@ -34,7 +34,7 @@ ARGS = (jax.ShapeDtypeStruct((4, 4), jnp.float32), jax.ShapeDtypeStruct((ROWS, 4
 @dataclasses.dataclass
 class StubPlan:
     cost: PlanCost
-    solver: dict
+    stats: PlanStats
     arguments: tuple
     microbatching: object = None
 
@@ -59,7 +59,7 @@ class StubPlanner:
         if num_bytes > options.memory_budget:
             raise MemoryBudgetError("over", options.memory_budget, num_bytes)
         batch = ArgumentInfo("batch", (ROWS, 4), "float32", (("data",), ()))
-        return StubPlan(PlanCost(seconds, 0.0, num_bytes), {}, (batch,))
+        return StubPlan(PlanCost(seconds, 0.0, num_bytes), PlanStats(), (batch,))
 
 
 def options_for(mesh, **kwargs):
@@ -120,7 +120,7 @@ def test_no_setting_fitting_raises_the_last_budget_failure(mesh_1d):
 def test_replica_candidates():
     sizes = {"data": 2, "model": 4, "one": 1}
     # the plan without microbatches splits the batch over data: that, and every axis
-    base = StubPlan(PlanCost(1, 0, 0), {}, (ArgumentInfo("b", (8, 4), "f32", (("data",), ())),))
+    base = StubPlan(PlanCost(1, 0, 0), PlanStats(), (ArgumentInfo("b", (8, 4), "f32", (("data",), ())),))
     assert replica_candidates(base, 8, sizes) == [("data",), ("data", "model")]
     # no such plan: every axis, each alone (largest first), none
     assert replica_candidates(None, 8, sizes) == [("data", "model"), ("model",), ("data",), ()]

@@ -240,6 +240,26 @@ def test_layers_the_stages_do_not_divide_keep_the_error(mesh_2d):
         plan_lm(lm_step, args, mesh_2d, pipeline="data", microbatches=4)
 
 
+def test_bf16_layers_are_stacked_and_cross_stages_in_bf16(mesh_2d):
+    """The zoo's unrolled GPT (flax nnx, a list of blocks) computes in bf16 over f32
+    master weights: each layer's cast is done before the stack, so the stack a stage
+    receives (and the gradient it sends back) is bf16; the step matches one device."""
+    from autoshard.zoo import models
+    case = models.train_case("gpt", "tiny_bf16")
+    plan_ = autoshard.plan(case.train_step, *case.args, mesh=mesh_2d, cache=False,
+                           progress=False, pipeline="data", microbatches=4)
+    assert (plan_.pipeline.stages, plan_.pipeline.layers) == (2, 2)
+    jaxpr, _ = jax_compat.split_closed(plan_.program.closed_jaxpr)
+    stacked = [e.outvars[0].aval for e in jaxpr.eqns
+               if e.primitive.name in ("stack", "concatenate")
+               and e.outvars[0].aval.shape == (2, 64, 256)]
+    assert stacked and all(a.dtype == jnp.bfloat16 for a in stacked)
+    got, want = plan_.jit()(*case.args), jax.jit(case.train_step)(*case.args)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(g, np.float64), np.asarray(w, np.float64),
+                                   rtol=case.rtol, atol=case.atol)
+
+
 # -- transformers' Flax GPT-2 -----------------------------------------------------------------
 
 @pytest.mark.slow

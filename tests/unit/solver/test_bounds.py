@@ -145,7 +145,8 @@ def test_budget_the_memory_rules_out_is_never_priced(monkeypatch):
 
     def no_price(*_):
         raise AssertionError("priced a graph the memory rules out")
-    monkeypatch.setattr(cost_graph._Builder, "build_costs", no_price)
+    monkeypatch.setattr(cost_graph, "share_copies", no_price)
+    monkeypatch.setattr(cost_graph, "price_groups", no_price)
     with pytest.raises(autoshard.MemoryBudgetError, match="every plan holds at least") as e:
         autoshard.plan(case.train_step, *case.abstract_args(), mesh=mesh_of((2, 4)),
                        hardware=autoshard.H100, memory_budget=early * 0.99, cache=False,

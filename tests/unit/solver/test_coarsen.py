@@ -154,7 +154,7 @@ def test_reused_plan_matches_single_device(four_layers, mesh_2d):
 
 def plan_fields(plan):
     d = plan.to_dict()
-    d.pop("solver")
+    d.pop("stats")
     return d
 
 
