@@ -17,8 +17,15 @@ per device with ``microbatches="auto"`` and ``remat="auto"``: memory parts, K, t
 choice, predicted step time and planning time. (The zoo's GPT has a GELU MLP: two FFN
 matrices a layer where LLaMA's SwiGLU has three, so the shape holds ~56e9 parameters.)
 
-    python benchmarks/pipeline.py                 # both parts, each in its own process
+Part 3 (``--part unrolled``): part 1's GPT written both ways, its blocks a ``lax.scan``
+over stacked weights and a Python loop over a list of blocks (which the planner rolls into
+a scan before pipelining it), each planned with the pipeline over 'data' forced and with
+``pipeline="auto"``, compiled and priced: the unrolled model's step against the scanned
+one's, planned and compiled (``--microbatches`` fixes M; default ``"auto"``).
+
+    python benchmarks/pipeline.py                 # parts 1 and 2, each in its own process
     python benchmarks/pipeline.py --part gpt --layers 8 --d-model 2048
+    python benchmarks/pipeline.py --part unrolled
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import subprocess
 import sys
 import time
 
-DEVICES = {"gpt": 16, "70b": 64}
+DEVICES = {"gpt": 16, "70b": 64, "unrolled": 16}
 
 
 def hardware(autoshard):
@@ -38,15 +45,21 @@ def hardware(autoshard):
                               link_latency=1e-5)
 
 
+def gpt_config(args, scan_layers: bool = True):
+    """Part 1's GPT at the sizes ``args`` asks for, its blocks scanned or a list."""
+    from autoshard.zoo.models import gpt
+    return gpt.GPTConfig(vocab=32000, seq=args.seq, d_model=args.d_model, heads=16,
+                         layers=args.layers, d_ff=4 * args.d_model, batch=args.batch,
+                         dtype="bfloat16", lr=3e-4, scan_layers=scan_layers)
+
+
 def gpt_part(args) -> None:
     import autoshard
     from autoshard.report.hlo_report import hlo_report
     from autoshard.zoo import experts
     from autoshard.zoo.models import gpt
 
-    cfg = gpt.GPTConfig(vocab=32000, seq=args.seq, d_model=args.d_model, heads=16,
-                        layers=args.layers, d_ff=4 * args.d_model, batch=args.batch,
-                        dtype="bfloat16", lr=3e-4, scan_layers=True)
+    cfg = gpt_config(args)
     case = gpt.train_case(config=cfg, abstract=True)
     mesh = autoshard.make_mesh((2, 8), ("data", "model"))
     hw = hardware(autoshard)
@@ -247,6 +260,42 @@ def llama_part(args) -> None:
           ", ".join(f"{stage} {s:.1f} s" for stage, s in totals.items()))
 
 
+def unrolled_part(args) -> None:
+    """The GPT of part 1 planned from its scanned and from its unrolled form."""
+    import autoshard
+    from autoshard.report.hlo_report import hlo_report
+    from autoshard.zoo.models import gpt
+
+    mesh = autoshard.make_mesh((2, 8), ("data", "model"))
+    hw = hardware(autoshard)
+    microbatches = "auto" if args.microbatches == "auto" else int(args.microbatches)
+    print(f"GPT {args.layers} layers, d_model {args.d_model}, seq {args.seq}, batch "
+          f"{args.batch}, bf16, Adam; mesh 2x8; microbatches {microbatches}")
+    print(f"{'model':10}{'options':28}{'predicted ms':>14}{'compiled ms':>13}"
+          f"{'memory GB':>11}{'plan s':>8}  pipeline")
+    steps = {}
+    for options in ({"pipeline": "data", "microbatches": microbatches},
+                    {"pipeline": "auto", "microbatches": microbatches}):
+        for scanned in (True, False):
+            case = gpt.train_case(config=gpt_config(args, scanned), abstract=True)
+            started = time.perf_counter()
+            plan = autoshard.plan(case.train_step, *case.args, mesh=mesh, hardware=hw,
+                                  donate_argnums=case.donate_argnums, progress=False,
+                                  **options)
+            plan_s = time.perf_counter() - started
+            report = hlo_report(plan.jit().lower(*case.args).compile(), hw, mesh)
+            model = "scanned" if scanned else "unrolled"
+            steps[model, options["pipeline"]] = report.total_s
+            label = ", ".join(f"{k}={v}" for k, v in options.items())
+            print(f"{model:10}{label:28}{plan.cost.total_s * 1e3:>14.2f}"
+                  f"{report.total_s * 1e3:>13.2f}{report.memory_bytes / 1e9:>11.2f}"
+                  f"{plan_s:>8.1f}  {plan.pipeline.describe() if plan.pipeline else 'none'}")
+    for pipeline in ("data", "auto"):
+        ratio = steps["unrolled", pipeline] / steps["scanned", pipeline]
+        print(f"pipeline={pipeline}: unrolled / scanned compiled step = {ratio:.3f} "
+              f"(target <= 1.05)")
+
+
 def stage_split(tried: dict) -> str:
     """A setting's planning seconds per stage, as ``plan.stats.settings`` lists them."""
     stages = tried.get("stage_s") or {}
@@ -256,11 +305,13 @@ def stage_split(tried: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--part", choices=("gpt", "70b", "all"), default="all")
+    parser.add_argument("--part", choices=("gpt", "70b", "unrolled", "all"), default="all")
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--d-model", type=int, default=2048)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--microbatches", default="auto",
+                        help="pipeline microbatches in part 3: a count, or auto")
     args = parser.parse_args()
     if args.part == "all":   # each part needs its own device count before JAX starts
         for part in ("gpt", "70b"):
@@ -271,7 +322,7 @@ def main() -> None:
         return
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                f" --xla_force_host_platform_device_count={DEVICES[args.part]}")
-    (gpt_part if args.part == "gpt" else llama_part)(args)
+    {"gpt": gpt_part, "70b": llama_part, "unrolled": unrolled_part}[args.part](args)
 
 
 if __name__ == "__main__":

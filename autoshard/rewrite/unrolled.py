@@ -26,9 +26,16 @@ the fewest values cross (the seam between layers, not inside one), then the earl
 
 Rolled, the run is ``lax.scan(block, carry, [jnp.stack(w) for each layer-own operand])``:
 one block's equations as the body, the carried results as the carry (zeros where the
-first block reads none), the constants closed over. Autodiff through ``jnp.stack`` hands
-each listed layer its own gradient, in the user's structure. Equations before and after
-the run (embeddings, a first layer unlike the rest, the head) stay where they were.
+first block reads none), the constants closed over. A block's cast of its own weights to
+a narrower dtype (bf16 compute over f32 master weights) is done per layer before the
+stack, so that a pipeline moves the weights and their gradients across stages in bf16.
+Autodiff through ``jnp.stack`` hands each listed layer its own gradient, in the user's
+structure. Equations before and after the run (embeddings, a first layer unlike the
+rest, the head) stay where they were.
+
+Per-layer arguments are the user's, and a sharding spans the whole mesh: no argument
+can live on its stage's devices alone. A pipeline's stack is built inside the step, so
+each step moves the layers' weights to their stages (or the gradients back), once.
 """
 
 from __future__ import annotations
@@ -72,7 +79,9 @@ class Roll:
     ``body`` reads ``consts`` (atoms from before the run), then one value per carry
     (``inits``: what the first block reads, None for zeros), then one slice per stacked
     operand (``layers``: one atom per block); it returns the carries, which the program
-    reads after the run as ``results`` (the last block's)."""
+    reads after the run as ``results`` (the last block's). ``hoisted``: equations of
+    every block run before the scan (casts of the layer's own weights), whose results are
+    stacked."""
 
     layout: Layout
     body: object
@@ -80,6 +89,7 @@ class Roll:
     inits: list
     layers: list[tuple]
     results: list
+    hoisted: list = dataclasses.field(default_factory=list)   # run per block before the scan
 
 
 # -- equations as keys ----------------------------------------------------------------------
@@ -204,9 +214,6 @@ def read_run(jaxpr, layout: Layout) -> Roll | None:
     """The run at ``layout`` as a :class:`Roll`, None where its blocks are not layers
     (the module's docstring says when they are)."""
     made = definitions(jaxpr, layout)
-    later = read_after(jaxpr, layout, made)
-    if later is None:
-        return None
     blocks = [jaxpr.eqns[layout.start + k * layout.size:layout.start + (k + 1) * layout.size]
               for k in range(layout.count)]
     roles = {}   # (equation, operand) -> its role, the same in every block
@@ -217,11 +224,41 @@ def read_run(jaxpr, layout: Layout) -> Roll | None:
             if role is None:
                 return None
             roles[p, q] = role
+    later = read_after(jaxpr, layout, made)   # the whole program: read last
+    if later is None:
+        return None
     carried = sorted({r[1] for r in roles.values() if r[0] == "carry"} | set(later))
     if not carried or not any(r[0] == "layer" and not all(isinstance(a, Literal) for a in r[1])
                               for r in roles.values()):
         return None
-    return build_roll(jaxpr, layout, blocks, roles, carried)
+    hoisted = hoist_casts(blocks, roles, carried)
+    roll = build_roll(jaxpr, layout, blocks, roles, carried, hoisted)
+    if roll is not None:
+        roll.hoisted = [block[p] for block in blocks for p in hoisted]
+    return roll
+
+
+def hoist_casts(blocks, roles: dict, carried: list) -> list[int]:
+    """The block's casts of its own weights to a narrower dtype (f32 master weights run in
+    bf16), done per layer before the stack rather than in the body: the stack, the weights
+    a stage receives and the gradients it sends back are then of the narrow dtype (the
+    gradient of a bf16 use is bf16 either way). ``roles`` learns that their readers read a
+    layer's own value."""
+    hoisted = []
+    for p, eqn in enumerate(blocks[0]):
+        if (eqn.primitive.name != "convert_element_type" or roles[p, 0][0] != "layer"
+                or (p, 0) in carried or not narrower(eqn.outvars[0].aval, eqn.invars[0].aval)):
+            continue
+        hoisted.append(p)
+        cast = ("layer", tuple(block[p].outvars[0] for block in blocks))
+        for slot, role in roles.items():
+            if role == ("inner", (p, 0)):
+                roles[slot] = cast
+    return hoisted
+
+
+def narrower(aval, than) -> bool:
+    return np.dtype(aval.dtype).itemsize < np.dtype(than.dtype).itemsize
 
 
 def read_after(jaxpr, layout: Layout, made: dict) -> list | None:
@@ -269,15 +306,19 @@ def operand_role(atoms: Sequence, made: dict) -> tuple | None:
     return ("layer", tuple(atoms))
 
 
-def build_roll(jaxpr, layout: Layout, blocks, roles: dict, carried: list) -> Roll | None:
-    """The scan's body: the second block's equations (its carries read from the first),
-    reading fresh variables for constants, carries and stacked operands."""
+def build_roll(jaxpr, layout: Layout, blocks, roles: dict, carried: list,
+               hoisted: Sequence[int] = ()) -> Roll | None:
+    """The scan's body: the second block's equations (its carries read from the first)
+    but the ``hoisted`` ones, reading fresh variables for constants, carries and stacked
+    operands."""
     template = blocks[1]
     consts, const_vars, layers, layer_vars, inits = [], [], [], [], [None] * len(carried)
     carry_vars = [jax_compat.new_var(template[p].outvars[o].aval) for p, o in carried]
     position = {c: n for n, c in enumerate(carried)}
     eqns = []
     for p, eqn in enumerate(template):
+        if p in hoisted:
+            continue
         invars = list(eqn.invars)
         for q, atom in enumerate(eqn.invars):
             kind, what = roles[p, q]
@@ -326,6 +367,7 @@ def run_rolled(jaxpr, consts: Sequence, args: Sequence, roll: Roll) -> list:
             env.update(zip(eqn.outvars, jax_compat.eval_eqn(eqn, [read(v) for v in eqn.invars])))
     layout = roll.layout
     run(jaxpr.eqns[:layout.start])
+    run(roll.hoisted)
     env.update(zip(roll.results, scan_layers(roll, read)))
     run(jaxpr.eqns[layout.end:])
     return [read(v) for v in jaxpr.outvars]
