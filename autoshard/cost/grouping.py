@@ -1,14 +1,20 @@
 """cost.grouping: nodes that simply follow an operand (elementwise chains, reshapes,
 converts, loop seams) join their producer's group, so the solver picks one strategy
-per group; a node's strategy per strategy of its group is its ``picks``."""
+per group; a node's strategy per strategy of its group is its ``picks``
+(``group_nodes`` -> ``Groups``)."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from autoshard.frontend.specs import Spec
+
+if TYPE_CHECKING:
+    from autoshard.cost.reshard import ReshardPrices
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -16,7 +22,7 @@ class Menu:
     """A node's strategies in the order of its group's: per group strategy, the node's
     seconds, the spec each operand is read in and the spec each result is written in.
     Nodes with the same strategies and the same picks (a repeated layer's) share one.
-    Lists of specs are numbered (``_Builder.spec_list``): caches key them by number."""
+    Lists of specs are numbered (``ReshardPrices.spec_list``): caches key them by number."""
     seconds: np.ndarray
     compute: np.ndarray          # the part of ``seconds`` spent computing
     comm: np.ndarray             # the part spent in collectives
@@ -24,11 +30,46 @@ class Menu:
     out_lists: tuple[int, ...]   # per result
 
 
-class Grouping:
-    """Grouping followers, for the builder (``graph._Builder``), which holds the program
-    and the numbering every room shares; this room keeps the groups and its caches."""
+@dataclasses.dataclass(frozen=True, eq=False)
+class Groups:
+    """The grouping of a program's nodes: per node its group and its picks (group strategy
+    -> node strategy) and its ``Menu``; per group its member nodes, root first. Nodes
+    sharing a menu share one ``Menu`` object. ``spec_lists`` resolves the menus' numbers
+    (``ReshardPrices.spec_list``)."""
+    group_of_node: tuple[int, ...]
+    groups: tuple[tuple[int, ...], ...]
+    picks: tuple[np.ndarray, ...]
+    menus: tuple[Menu, ...]
+    spec_lists: tuple[tuple[Spec, ...], ...]
 
-    def init_grouping(self):
+    def out_specs(self, node_id: int, index: int) -> tuple[Spec, ...]:
+        """The spec of a node's result per strategy of its group."""
+        return self.spec_lists[self.menus[node_id].out_lists[index]]
+
+    def in_specs(self, node_id: int, i: int) -> tuple[Spec, ...]:
+        """The spec a node reads operand ``i`` in per strategy of its group."""
+        return self.spec_lists[self.menus[node_id].in_lists[i]]
+
+    def group_size(self, g: int) -> int:
+        return len(self.picks[self.groups[g][0]])
+
+
+def group_nodes(space, prices: ReshardPrices,
+                donated_arg_of_output: Mapping[int, int]) -> Groups:
+    """Each node in program order: a follower (``_Grouper.main_operand``) joins its
+    operand's group, picking per strategy of that group the one it takes the operand in;
+    any other node roots a group of its own. ``donated_arg_of_output`` maps a node
+    written into a donated argument's buffer to that argument's node."""
+    return _Grouper(space, prices, donated_arg_of_output).build()
+
+
+class _Grouper:
+    """``group_nodes``'s state while it walks the program, and its caches."""
+
+    def __init__(self, space, prices: ReshardPrices, donated_arg_of_output: Mapping[int, int]):
+        self.space, self.graph, self.prices = space, space.graph, prices
+        self.donated_arg_of_output = donated_arg_of_output
+        self.value_num_bytes = [v.num_bytes for v in self.graph.values]
         self.group_of_node: list[int] = []
         self.groups: list[list[int]] = []
         self.picks: list[np.ndarray] = []   # per node: group strategy -> node strategy
@@ -36,6 +77,22 @@ class Grouping:
         self._menus: dict = {}
         self._follows: dict = {}
         self._all_picks: dict = {}
+
+    def build(self) -> Groups:
+        for node in self.graph.nodes:
+            i = self.main_operand(node)
+            if i is None:
+                self.group_of_node.append(len(self.groups))
+                self.groups.append([node.id])
+                self.picks.append(self.all_picks(len(self.space.strategies[node.id])))
+            else:
+                g = self.group_of_node[self.graph.values[node.operands[i]].producer]
+                self.picks.append(self.follow(node, i))
+                self.group_of_node.append(g)
+                self.groups[g].append(node.id)
+            self.menus.append(self.menu_of(node.id))
+        return Groups(tuple(self.group_of_node), tuple(tuple(g) for g in self.groups),
+                      tuple(self.picks), tuple(self.menus), tuple(self.prices.spec_lists.items))
 
     def menu_key(self, node_id: int) -> tuple:
         """Nodes of one key have one menu: the same strategies, picked alike."""
@@ -58,18 +115,14 @@ class Grouping:
                 np.array([s.seconds for s in strategies])[picks],
                 np.array([s.compute_s for s in strategies])[picks],
                 np.array([s.comm_s for s in strategies])[picks],
-                tuple(self.spec_lists.number(tuple(s.in_specs[i] for s in chosen))
+                tuple(self.prices.spec_list(tuple(s.in_specs[i] for s in chosen))
                       for i in range(len(node.operands))),
-                tuple(self.spec_lists.number(tuple(s.out_specs[k] for s in chosen))
+                tuple(self.prices.spec_list(tuple(s.out_specs[k] for s in chosen))
                       for k in range(len(node.outputs))))
         return found
 
     def out_specs(self, node_id: int, index: int) -> tuple[Spec, ...]:
-        """The spec of a node's result per strategy of its group."""
-        return self.spec_lists.items[self.menus[node_id].out_lists[index]]
-
-    def group_size(self, g) -> int:
-        return len(self.picks[self.groups[g][0]])
+        return self.prices.spec_lists.items[self.menus[node_id].out_lists[index]]
 
     def main_operand(self, node) -> int | None:
         einsum = self.space.einsums[node.id]
@@ -114,7 +167,7 @@ class Grouping:
         u = value.producer
         strategies = self.space.strategies[node.id]
         srcs = self.out_specs(u, value.index)
-        key = (self.space.menu_ids[node.id], i, self.value_array[value.id],
+        key = (self.space.menu_ids[node.id], i, self.prices.value_array[value.id],
                self.menus[u].out_lists[value.index])
         if key in self._follows:
             return self._follows[key]
@@ -127,22 +180,9 @@ class Grouping:
                 if same:
                     by_spec[src] = min(same, key=lambda k: strategies[k].seconds)
                 else:
-                    by_spec[src] = int(np.argmin([self.reshard(value.id, src, t.in_specs[i])
+                    reshard = self.prices.reshard
+                    by_spec[src] = int(np.argmin([reshard(value.id, src, t.in_specs[i])
                                                   + t.seconds for t in strategies]))
             picks.append(by_spec[src])
         self._follows[key] = np.asarray(picks, dtype=np.int32)
         return self._follows[key]
-
-    def build_groups(self):
-        for node in self.graph.nodes:
-            i = self.main_operand(node)
-            if i is None:
-                self.group_of_node.append(len(self.groups))
-                self.groups.append([node.id])
-                self.picks.append(self.all_picks(len(self.space.strategies[node.id])))
-            else:
-                g = self.group_of_node[self.graph.values[node.operands[i]].producer]
-                self.picks.append(self.follow(node, i))
-                self.group_of_node.append(g)
-                self.groups[g].append(node.id)
-            self.menus.append(self.menu_of(node.id))

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence, Set
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -21,6 +22,11 @@ from autoshard.cost.reshard import REDUCTIONS, Pairs
 from autoshard.frontend import specs
 from autoshard.solver.request import CopyTerm, GroupTerm, LiveRows, MemoryTerm, PairTerm
 from autoshard.target.xla import contraction, expensive, loop_scope, spreads, transposed_operands
+
+if TYPE_CHECKING:
+    from autoshard.cost.grouping import Groups
+    from autoshard.cost.reshard import ReshardPrices
+    from autoshard.cost.shared import Combining, SharedCopies
 
 # XLA returns several results as a tuple: a buffer of one pointer per result, counted in
 # the compiled program's output bytes (a single result is returned as itself).
@@ -83,20 +89,53 @@ def moves_with_loop(node) -> bool:
     return not (node.params.get("static") or node.params.get("unrolled"))
 
 
-def with_rows(terms: tuple, fixed: tuple, spans) -> tuple[tuple, tuple, LiveRows]:
-    """(every term: ``terms`` then the spans', ``fixed``, the rows): a row per point where
-    some span's term dies, holding every term live there (peaks are just before deaths)."""
+class Memory(NamedTuple):
+    """Per-device memory terms, the fixed ones among them (arguments and outputs: always
+    resident), and the rows of terms live together (``with_rows``)."""
+    terms: tuple[MemoryTerm, ...]
+    fixed: tuple[int, ...]
+    rows: LiveRows
+
+
+def with_rows(terms: tuple, fixed: tuple, spans) -> Memory:
+    """The ``Memory`` of ``terms`` and ``fixed`` with the spans' terms after them, and the
+    rows: one per point where some span's term dies, holding every term live there
+    (peaks are just before deaths)."""
     index = range(len(terms), len(terms) + len(spans))
     rows = LiveRows(index, [first for _, first, _ in spans], [last for _, _, last in spans],
                     sorted({last for _, _, last in spans}))
-    return terms + tuple(t for t, _, _ in spans), fixed, rows
+    return Memory(terms + tuple(t for t, _, _ in spans), fixed, rows)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Uncopied:
+    """What a program's memory counts before the resharded copies (``Liveness.uncopied``):
+    the terms and the fixed ones among them (arguments, outputs); the (term, first node,
+    last node) spans of temporaries, loop states, collective buffers and layout copies;
+    per value, whether it is computed from the arguments alone (``from_arguments``); the
+    reads (value, node) whose copy a layout copy made before them takes over."""
+    terms: tuple[MemoryTerm, ...]
+    fixed: tuple[int, ...]
+    spans: tuple[tuple, ...]
+    from_args: tuple[bool, ...]
+    copied: frozenset
 
 
 class Liveness:
-    """Memory terms and live ranges, for the builder (``graph._Builder``), which holds
-    the program; this room keeps its caches."""
+    """Memory terms and live ranges of a program (``space``) as grouped (``groups``) and
+    priced (``prices``); ``combined`` says where XLA's combined collectives run,
+    ``donated_outputs`` which outputs are written into donated arguments, and
+    ``native_reduce_scatter`` whether the backend reduce-scatters (else it all-reduces
+    and keeps a slice). It keeps its caches; ``uncopied``, ``memory_before_pricing`` and
+    ``memory`` are its results."""
 
-    def init_liveness(self):
+    def __init__(self, space, groups: Groups, prices: ReshardPrices, combined: Combining,
+                 donated_outputs: Collection[int] = (), native_reduce_scatter: bool = True):
+        self.space, self.graph = space, space.graph
+        self.groups, self.prices, self.combined = groups, prices, combined
+        self.donated_outputs = frozenset(donated_outputs)
+        self.native_reduce_scatter = native_reduce_scatter
+        self.fusible = [e is not None and e.fusible for e in space.einsums]
         self._copies: dict = {}
         self._copy_starts: dict = {}
         self._reductions: dict = {}
@@ -106,9 +145,9 @@ class Liveness:
 
     def value_bytes(self, value_id: int) -> GroupTerm:
         value = self.graph.values[value_id]
-        g = self.group_of_node[value.producer]
-        num_bytes = self.per_device_bytes(self.value_array[value_id],
-                                          self.menus[value.producer].out_lists[value.index])
+        g = self.groups.group_of_node[value.producer]
+        num_bytes = self.prices.per_device_bytes(self.prices.value_array[value_id],
+                                          self.groups.menus[value.producer].out_lists[value.index])
         return GroupTerm(g, num_bytes)
 
     def broadcasts_kept(self, value) -> int:
@@ -143,9 +182,9 @@ class Liveness:
                 or self.graph.node_of(node.operands[0]).kind != "arg"):
             return None
         operand = self.graph.values[node.operands[0]]
-        sizes = self.axis_sizes
-        ins = self.spec_lists.items[self.menus[node.id].in_lists[0]]
-        outs = self.out_specs(node.id, value.index)
+        sizes = self.space.axis_sizes
+        ins = self.groups.spec_lists[self.groups.menus[node.id].in_lists[0]]
+        outs = self.groups.out_specs(node.id, value.index)
         return np.array([
             specs.per_device_bytes(operand.shape, value.dtype,
                                    i or specs.replicated(len(operand.shape)), sizes)
@@ -291,7 +330,7 @@ class Liveness:
         the value's group; None when no pair of strategies copies."""
         key = (array, srcs, dsts, fused)
         if key not in self._copies:
-            self._copies[key] = self._copy_bytes(self.pairs(array, srcs, dsts), fused)
+            self._copies[key] = self._copy_bytes(self.prices.pairs(array, srcs, dsts), fused)
         return self._copies[key]
 
     @staticmethod
@@ -346,31 +385,32 @@ class Liveness:
         """Whether XLA runs the node: some output depends on one of its results."""
         return any(v in self._live for v in node.outputs)
 
-    def reshard_buffers(self, from_args: Sequence[bool], copied: set):
+    def reshard_buffers(self, from_args: Sequence[bool], copied: Set,
+                        paid_once: Mapping[tuple[int, int], tuple]):
         """(term, first node, last node) of every resharded copy a reader makes (see
         ``copy_starts``). A reader that also copies the value into another layout keeps
         the layout copy: an activation is resharded just before it, and a value of
         arguments (a gathered weight) at the start, where its layout copy is made from
         the resharded one, which then dies. Outputs are written in their own spec: their
-        buffers are counted as outputs."""
-        graph = self.graph
+        buffers are counted as outputs. A read that shares a copy (``paid_once``, see
+        ``shared.SharedCopies``) holds none of its own in the specs the copy is made in."""
+        graph, menus = self.graph, self.groups.menus
         for value in graph.values:
             users = [(u, i) for u, i in graph.users[value.id]
                      if graph.nodes[u].kind != "output" and self.runs(graph.nodes[u])]
             if not users:
                 continue
             starts = self.copy_starts(value.id, from_args)
-            array, srcs = self.value_array[value.id], self.menus[value.producer].out_lists[
-                value.index]
-            gu = self.group_of_node[value.producer]
+            array = self.prices.value_array[value.id]
+            srcs = menus[value.producer].out_lists[value.index]
+            gu = self.groups.group_of_node[value.producer]
             for user, i in users:
-                copy = self.copy_bytes(array, srcs, self.menus[user].in_lists[i],
-                                       self.fusible[user])
+                copy = self.copy_bytes(array, srcs, menus[user].in_lists[i], self.fusible[user])
                 if copy is None:
                     continue
-                gv = self.group_of_node[user]
-                if (user, i) in self.paid_once:   # specs whose copy the readers share
-                    copy = (np.where(self.paid_once[(user, i)][2][None, :], 0.0, copy[0]),)
+                gv = self.groups.group_of_node[user]
+                if (user, i) in paid_once:   # specs whose copy the readers share
+                    copy = (np.where(paid_once[(user, i)][2][None, :], 0.0, copy[0]),)
                     if not copy[0].any():
                         continue
                 term = GroupTerm(gu, copy[1]) if gu == gv else PairTerm(gu, gv, copy[0])
@@ -386,9 +426,9 @@ class Liveness:
         another layout (``transposed_reads``), in the spec their reader wants; live like
         any copy (see ``copy_starts``): a weight's from the start of the program."""
         for value_id, node_id, i in transposed:
-            dsts = self.menus[node_id].in_lists[i]
-            yield (GroupTerm(self.group_of_node[node_id],
-                              self.per_device_bytes(self.value_array[value_id], dsts)),
+            dsts = self.groups.menus[node_id].in_lists[i]
+            num_bytes = self.prices.per_device_bytes(self.prices.value_array[value_id], dsts)
+            yield (GroupTerm(self.groups.group_of_node[node_id], num_bytes),
                    self.copy_starts(value_id, from_args)[node_id], node_id)
 
     def collective_buffers(self, last_read: Sequence[int]):
@@ -403,12 +443,12 @@ class Liveness:
         partial result is held until then too. On its own, the full result is held to the
         last reader too where every reader fuses the slice (``slices_fused``); else the
         slice is written out at the node and the full result dies there."""
-        points = self.combine_points()
+        points = self.combined.points
         for node in self.graph.nodes:
             buffers = self.reduction_buffers(node) if self.runs(node) else None
             if buffers is None:
                 continue
-            g = self.group_of_node[node.id]
+            g = self.groups.group_of_node[node.id]
             value_id = node.outputs[0]
             combine_at = points.get(loop_scope(node), node.id)
             for num_bytes, first, last in zip(buffers, (node.id, node.id, combine_at),
@@ -432,8 +472,8 @@ class Liveness:
         ``collective_buffers``): at the node, held to its last reader, and where the
         combined collective runs, each None where it is nothing; None for a node that
         never reduces. Nodes sharing a menu share them."""
-        strategies, picks = self.space.strategies[node.id], self.picks[node.id]
-        key = (self.menu_key(node.id), self.slices_fused(node.outputs[0]))
+        strategies, picks = self.space.strategies[node.id], self.groups.picks[node.id]
+        key = (self.groups.menus[node.id], self.slices_fused(node.outputs[0]))
         if key not in self._reductions:
             self._reductions[key] = self._reduction_buffers(node, strategies, picks)
         return self._reductions[key]
@@ -442,7 +482,7 @@ class Liveness:
         if not any(c.kind in REDUCTIONS for s in strategies for c in s.collectives):
             return None
         at_node, held, at_combine = (np.zeros(len(picks)) for _ in range(3))
-        joins = self.joins_combined(node.id)
+        joins = self.combined.joins[node.id]
         value = self.graph.values[node.outputs[0]]
         for s, k in enumerate(picks):
             strategy = strategies[k]
@@ -452,7 +492,7 @@ class Liveness:
                 emulated = c.kind == "reduce-scatter" and not self.native_reduce_scatter
                 if emulated and (joins or self.slices_fused(value.id)):
                     out_bytes = specs.per_device_bytes(value.shape, value.dtype,
-                                                       strategy.out_specs[0], self.axis_sizes)
+                                                       strategy.out_specs[0], self.space.axis_sizes)
                     held[s] += c.num_bytes - out_bytes
                     if joins:
                         at_combine[s] += c.num_bytes
@@ -464,30 +504,29 @@ class Liveness:
                     at_node[s] += c.num_bytes * (2 if emulated else 1)
         return tuple(b if b.any() else None for b in (at_node, held, at_combine))
 
-    def build_memory(self):
+    def memory(self, shared: SharedCopies) -> Memory:
         """Memory terms (arguments and outputs fixed; temporaries, resharded copies and
         collective buffers each with the range of nodes it is live over), the fixed ones
-        among them, and the rows of terms live together."""
-        terms, fixed, spans, from_args, copied = self.uncopied_memory()
-        copies = list(self.reshard_buffers(from_args, copied))
-        spans = [*spans, *(c for c in copies if isinstance(c[0], GroupTerm)),
+        among them, and the rows of terms live together; the copies readers share
+        (``shared``) held once."""
+        found = self.uncopied()
+        from_args, copied = found.from_args, found.copied
+        copies = list(self.reshard_buffers(from_args, copied, shared.paid_once))
+        spans = [*found.spans, *(c for c in copies if isinstance(c[0], GroupTerm)),
                  *(c for c in copies if isinstance(c[0], PairTerm)),
-                 *self.shared_copy_spans(from_args, copied)]
-        return with_rows(terms, fixed, spans)
+                 *self.shared_copy_spans(from_args, copied, shared.held)]
+        return with_rows(found.terms, found.fixed, spans)
 
-    def memory_before_pricing(self):
-        """``build_memory``'s terms, fixed terms and rows but the resharded copies, which
-        depend on prices (which copies readers share): every peak they give is at most
-        the priced graph's, so their floor (``request.fewest_peak``) bounds its floor."""
-        terms, fixed, spans, _, _ = self.uncopied_memory()
-        return with_rows(terms, fixed, spans)
+    def memory_before_pricing(self) -> Memory:
+        """``memory``'s terms, fixed terms and rows but the resharded copies, which depend
+        on prices (which copies readers share): every peak they give is at most the
+        priced graph's, so their floor (``request.fewest_peak``) bounds its floor."""
+        found = self.uncopied()
+        return with_rows(found.terms, found.fixed, found.spans)
 
-    def uncopied_memory(self):
-        """What ``build_memory`` counts before the resharded copies: the fixed terms
-        (arguments, outputs) and their indices; the (term, first node, last node) spans
-        of temporaries, loop states, collective buffers and layout copies; per value, whether it is
-        read from the arguments; the reads whose copy a layout copy made before them
-        takes over. Computed once per graph."""
+    def uncopied(self) -> Uncopied:
+        """What ``memory`` counts before the resharded copies (``Uncopied``). Computed
+        once per graph."""
         if self._uncopied is not None:
             return self._uncopied
         graph = self.graph
@@ -514,7 +553,7 @@ class Liveness:
             terms.append(self.value_bytes(value_id))
         if len(graph.outputs) > 1:   # the result tuple's table: a pointer per output
             fixed.append(len(terms))
-            terms.append(GroupTerm(0, np.full(self.group_size(0),
+            terms.append(GroupTerm(0, np.full(self.groups.group_size(0),
                                                float(POINTER_BYTES * len(graph.outputs)))))
         from_args, transposed = self.from_arguments(), self.transposed_reads()
         # a reader of a copy made before it does not hold the value: the copy does
@@ -547,7 +586,8 @@ class Liveness:
         spans += states
         spans += self.collective_buffers(last_read)
         spans += self.layout_copies(from_args, transposed)
-        self._uncopied = (tuple(terms), tuple(fixed), tuple(spans), from_args, copied)
+        self._uncopied = Uncopied(tuple(terms), tuple(fixed), tuple(spans), tuple(from_args),
+                                  frozenset(copied))
         return self._uncopied
 
     def seam_buffer(self, seam, value) -> bool:
@@ -667,15 +707,16 @@ class Liveness:
                 elements[loop] = (count + 1, scan or counter)
         for loop in loops.running():
             count, scan = elements[loop]
-            num_bytes = np.full(self.group_size(0), float(POINTER_BYTES * (count + scan)))
+            num_bytes = np.full(self.groups.group_size(0), float(POINTER_BYTES * (count + scan)))
             yield GroupTerm(0, num_bytes), loops.starts[loop], loops.ends[loop]
 
-    def shared_copy_spans(self, from_args: Sequence[bool], copied: set):
+    def shared_copy_spans(self, from_args: Sequence[bool], copied: Set, held: Sequence[tuple]):
         """(term, first node, last node) of every copy readers share: held from the first
         of them that may make it (see ``copy_starts``) to the last that shares it, as a
         term per reading node, each held up to that node (``held_to``) if a read at or
-        after it shares the copy (``shared.held_until``)."""
-        for value_id, num_bytes, until in self.shared_copies_held:
+        after it shares the copy (``shared.held_until``); ``held``: per copy, (value, bytes,
+        those (index, node)), ``SharedCopies.held``."""
+        for value_id, num_bytes, until in held:
             starts = self.copy_starts(value_id, from_args)
             first = min(starts[node] for _, node in until)
             for k, node in until:

@@ -1,6 +1,7 @@
 """cost.reshard: the collectives that move an array from one spec to another, their
 seconds, and the matrices of those seconds between the specs a value is written in and
-the specs a reader reads it in (``ReshardPrices``, cached by shape and specs)."""
+the specs a reader reads it in (``ReshardPrices``, cached by shape and specs); with them,
+each group's seconds and the edges between groups (``price_groups``)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ from autoshard.cost import partitioner
 from autoshard.cost.strategies import Collective
 from autoshard.frontend import specs
 from autoshard.frontend.specs import Spec
+from autoshard.solver.request import Edge
 from autoshard.target import hardware as hwlib
 from autoshard.target.hardware import Hardware
 from autoshard.target.xla import wire_dtype
 
 if TYPE_CHECKING:
     from autoshard.cost.graph import CostGraph
+    from autoshard.cost.grouping import Groups
 
 REDUCTIONS = ("all-reduce", "reduce-scatter")   # collectives that reduce a partial result
 
@@ -153,20 +156,30 @@ class Interner:
 
 
 class ReshardPrices:
-    """Resharding prices of the builder (``graph._Builder``), which holds the program and
-    the arrays, specs and lists of specs numbered (``Interner``); this room keeps the
-    prices."""
+    """Reshard seconds and bytes of one program's arrays (``space``), cached by shape and
+    specs, not by value: a repeated layer's values share them. Arrays (shape and dtype),
+    specs and lists of specs (``spec_list``: a spec per group strategy) are numbered, so
+    that the caches hash small ints. Every room of the cost stage asks it for prices."""
 
-    def init_reshard(self):
+    def __init__(self, space):
+        self.hw = space.hardware
+        self.axis_sizes = space.axis_sizes
+        self.axis_items = tuple(space.axis_sizes.items())
+        self.collective_itemsize = space.backend.collective_itemsize
+        self.arrays = Interner()          # (shape, dtype) of values
+        self.value_array = [self.arrays.number((v.shape, v.dtype)) for v in space.graph.values]
+        self.spec_lists = Interner()
+        self.specs = Interner()
         self.kept_prices = kept_prices(self.hw)
         self._prices: dict = {}
         self._pairs: dict = {}
         self._reshard_matrices: dict = {}
         self._bytes: dict = {}
 
-    # Prices are cached by shape and specs, not by value: a repeated layer's values share
-    # them. Arrays (shape and dtype), specs and lists of specs are numbered, so that the
-    # caches hash small ints.
+    def spec_list(self, specs_: tuple[Spec, ...]) -> int:
+        """The number of a list of specs."""
+        return self.spec_lists.number(specs_)
+
     def reshard(self, value_id: int, src: Spec, dst: Spec) -> float:
         return self.reshard_by_number(self.value_array[value_id], self.specs.number(src),
                                       self.specs.number(dst))
@@ -177,7 +190,7 @@ class ReshardPrices:
         seconds = self._prices.get(key)
         if seconds is None:
             shape, dtype = self.arrays.items[array]
-            dtype = wire_dtype(dtype, self.space.backend.collective_itemsize)
+            dtype = wire_dtype(dtype, self.collective_itemsize)
             src_spec, dst_spec = self.specs.items[src], self.specs.items[dst]
             kept_key = (shape, dtype, src_spec, dst_spec, self.axis_items)
             seconds = self.kept_prices.get(kept_key)
@@ -221,11 +234,6 @@ class ReshardPrices:
             self._reshard_matrices[key] = matrix, diagonal
         return self._reshard_matrices[key]
 
-    def edge_matrix(self, value, node, i) -> tuple[np.ndarray, np.ndarray]:
-        return self.reshard_matrix(self.value_array[value.id],
-                                   self.menus[value.producer].out_lists[value.index],
-                                   self.menus[node.id].in_lists[i])
-
     def per_device_bytes(self, array: int, spec_list: int) -> np.ndarray:
         key = (array, spec_list)
         if key not in self._bytes:
@@ -234,3 +242,59 @@ class ReshardPrices:
                 specs.per_device_bytes(shape, dtype, spec, self.axis_sizes)
                 for spec in self.spec_lists.items[spec_list]])
         return self._bytes[key]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class GroupCosts:
+    """Per group, its seconds per strategy (``node_costs``) and their parts: compute,
+    collectives and resharding inside the group; the resharding matrices of the edges
+    between groups (those the shared copies pay aside)."""
+    node_costs: tuple[np.ndarray, ...]
+    compute: tuple[np.ndarray, ...]
+    collectives: tuple[np.ndarray, ...]
+    reshard: tuple[np.ndarray, ...]
+    edges: tuple[Edge, ...]
+
+
+def price_groups(graph, groups: Groups, prices: ReshardPrices,
+                 paid_once: Mapping[tuple[int, int], tuple]) -> GroupCosts:
+    """Per group its seconds, and the edges between groups: a read inside its value's
+    group adds the diagonal of its resharding matrix to the group, one across groups the
+    matrix to their edge, less the specs a shared copy pays for (``paid_once``: per read,
+    its value's key and the mask of those specs, ``shared.SharedCopies.paid_once``)."""
+    group_of_node, menus, value_array = groups.group_of_node, groups.menus, prices.value_array
+    node_costs = [np.zeros(groups.group_size(g)) for g in range(len(groups.groups))]
+    compute = [np.zeros(len(c)) for c in node_costs]
+    collectives = [np.zeros(len(c)) for c in node_costs]
+    reshard = [np.zeros(len(c)) for c in node_costs]
+    for node in graph.nodes:
+        g, menu = group_of_node[node.id], menus[node.id]
+        node_costs[g] += menu.seconds
+        compute[g] += menu.compute
+        collectives[g] += menu.comm
+    edges: dict[tuple[int, int], np.ndarray] = {}
+    for node in graph.nodes:
+        gv = group_of_node[node.id]
+        for i, value_id in enumerate(node.operands):
+            if value_id is None:
+                continue
+            value = graph.values[value_id]
+            gu = group_of_node[value.producer]
+            matrix, diagonal = prices.reshard_matrix(
+                value_array[value_id], menus[value.producer].out_lists[value.index],
+                menus[node.id].in_lists[i])
+            weight = node.operand_weights[i]   # mostly 1.0, and x * 1.0 is x
+            if gu == gv:
+                moved = diagonal if weight == 1.0 else diagonal * weight
+                node_costs[gu] += moved
+                reshard[gu] += moved
+                continue
+            if (node.id, i) in paid_once:   # those specs are priced by shared reshards
+                matrix = np.where(paid_once[(node.id, i)][1][None, :], 0.0, matrix)
+            matrix = matrix if weight == 1.0 else matrix * weight
+            if (gv, gu) in edges:   # the sums below are new arrays, never a cached one
+                edges[(gv, gu)] += matrix.T
+            else:
+                edges[(gu, gv)] = edges.get((gu, gv), 0) + matrix
+    return GroupCosts(tuple(node_costs), tuple(compute), tuple(collectives), tuple(reshard),
+                      tuple(Edge(u, v, m) for (u, v), m in edges.items()))

@@ -6,14 +6,20 @@ it would otherwise join (chained latencies)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from autoshard.frontend import specs
 from autoshard.solver.request import SharedCost, SharedEdgeCost
 from autoshard.target.xla import loop_scope, reduction_waves, trailing_ancestors
+
+if TYPE_CHECKING:
+    from autoshard.cost.grouping import Groups
+    from autoshard.cost.reshard import ReshardPrices
 
 # Past this many shared copies of one value (its sources times the specs its readers may
 # share), the solver would slow down more than the sharing is worth: each read pays its
@@ -52,43 +58,65 @@ def held_until(shared: list, seconds: float, members: list) -> tuple[tuple[int, 
     return tuple(until)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
 class SharedCopies:
-    """Shared copies and combined latencies, for the builder (``graph._Builder``), which
-    holds the program; this room keeps the copies readers share and its caches."""
+    """The copies of values that several readers share (``share_copies``): their
+    ``SharedEdgeCost``s (``reshards``); per read that shares one, its value's key (value,
+    weight) and masks over its reader's strategies of the specs it no longer pays for,
+    and no longer holds, on its own (``paid_once``); per copy, (the value, the copy's
+    bytes per device, ``held_until``'s (index, node) per node that may read it)
+    (``held``); and whether some copies readers share are held once per read
+    (``held_per_read``: built without ``share_held_copies``)."""
+    reshards: tuple[SharedEdgeCost, ...]
+    paid_once: Mapping[tuple[int, int], tuple]
+    held: tuple[tuple, ...]
+    held_per_read: bool
 
-    def init_shared(self, share_held_copies: bool):
+    @property
+    def reads(self) -> dict[tuple[int, int], tuple]:
+        """The reads (node, operand) whose copies the shared ones are -> their value's key
+        (``CostGraph.shared_reads``)."""
+        return {read: key for read, (key, paid, _) in self.paid_once.items() if paid.any()}
+
+
+def share_copies(space, groups: Groups, prices: ReshardPrices,
+                 share_held_copies: bool = True) -> SharedCopies:
+    """A ``SharedEdgeCost`` per value, spec it is written in (those a copy costs alike
+    from, together) and spec that two or more of its readers (``shared_reads``) may want
+    (with those ``held_until`` adds), and what each read that shares one no longer pays
+    or holds on its own (``SharedCopies``)."""
+    return _Sharer(space, groups, prices, share_held_copies).build()
+
+
+class _Sharer:
+    """``share_copies``'s state: the program's grouping and prices, and its cache."""
+
+    def __init__(self, space, groups: Groups, prices: ReshardPrices, share_held_copies: bool):
+        self.space, self.graph, self.groups, self.prices = space, space.graph, groups, prices
         self.share_held_copies = share_held_copies
         self.held_per_read = False   # some copies readers share are held once per read
-        self.paid_once: dict = {}             # shared reads -> (value key, specs shared)
-        self.shared_copies_held: list = []    # (shared reshard, value, readers, bytes)
-        self._combines: dict = {}
         self._shared_copies: dict = {}
 
-    def build_shared_reshards(self) -> tuple[tuple[SharedEdgeCost, ...], dict, list]:
-        """A ``SharedEdgeCost`` per value, spec it is written in (those a copy costs alike
-        from, together) and spec that two or more of its readers (``shared_reads``) may
-        want (with those ``held_until`` adds); per such read, its value's key and masks
-        over its reader's strategies of the specs it no longer pays for, and no longer
-        holds, on its own; and per copy, (the value, the copy's bytes, ``held_until``'s
-        (index, node) per node that may read it)."""
+    def build(self) -> SharedCopies:
         by_key: dict[tuple, list] = {}
-        for read, key in shared_reads(self.graph, self.group_of_node).items():
+        for read, key in shared_reads(self.graph, self.groups.group_of_node).items():
             by_key.setdefault(key, []).append(read)
+        menus, group_of_node = self.groups.menus, self.groups.group_of_node
         shared, paid_once, held = [], {}, []
         for (value_id, weight), reads in by_key.items():
             value = self.graph.values[value_id]
             copies, paid, holds = self.shared_copies(
-                self.value_array[value_id], self.menus[value.producer].out_lists[value.index],
-                tuple(self.menus[n].in_lists[i] for n, i in reads), weight)
-            gu = self.group_of_node[value.producer]
-            readers = [self.group_of_node[n] for n, _ in reads]
+                self.prices.value_array[value_id], menus[value.producer].out_lists[value.index],
+                tuple(menus[n].in_lists[i] for n, i in reads), weight)
+            gu = group_of_node[value.producer]
+            readers = [group_of_node[n] for n, _ in reads]
             for seconds, paid_by, num_bytes in copies:
                 members = [(reads[r][0], (gu, readers[r], marked)) for r, marked in paid_by]
                 held.append((value_id, num_bytes, held_until(shared, seconds, members)))
             for read, paid_mask, held_mask in zip(reads, paid, holds):
                 if held_mask.any():
                     paid_once[read] = (value_id, weight), paid_mask, held_mask
-        return tuple(shared), paid_once, held
+        return SharedCopies(tuple(shared), paid_once, tuple(held), self.held_per_read)
 
     def shared_copies(self, array: int, srcs: int, dsts: tuple[int, ...], weight: float):
         """For an array written in spec list ``srcs`` and read in the spec lists ``dsts``:
@@ -104,14 +132,14 @@ class SharedCopies:
         key = (array, srcs, dsts, weight)
         if key in self._shared_copies:
             return self._shared_copies[key]
-        src_specs = self.spec_lists.items[srcs]
-        wanted = [self.spec_lists.items[d] for d in dsts]
+        src_specs = self.groups.spec_lists[srcs]
+        wanted = [self.groups.spec_lists[d] for d in dsts]
         readers_of: dict = {}
         for r, specs_r in enumerate(wanted):
             for spec in dict.fromkeys(specs_r):
                 readers_of.setdefault(spec, []).append(r)
         common = {spec: readers for spec, readers in readers_of.items() if len(readers) > 1}
-        shape, dtype = self.arrays.items[array]
+        shape, dtype = self.prices.arrays.items[array]
         prices = {dst: self.copy_prices(array, src_specs, dst, weight) for dst in common}
         paid_specs, count = set(), 0
         for dst in sorted(common, key=lambda d: -len(common[d])):   # stable: first seen first
@@ -126,7 +154,7 @@ class SharedCopies:
                 continue   # each read pays its seconds and holds its copy
             by_seconds = prices[dst]
             to_dst = {r: np.array([spec == dst for spec in wanted[r]]) for r in readers}
-            held = specs.per_device_bytes(shape, dtype, dst, self.axis_sizes)
+            held = specs.per_device_bytes(shape, dtype, dst, self.prices.axis_sizes)
             if dst in paid_specs:
                 copies += [(seconds, tuple((r, from_src[:, None] & to_dst[r][None, :])
                                            for r in readers), held)
@@ -145,81 +173,93 @@ class SharedCopies:
         from: those share one entry, since the producer writes one spec and at most one
         of them is paid."""
         by_seconds: dict[float, np.ndarray] = {}
+        prices = self.prices
         for src in dict.fromkeys(src_specs):
-            seconds = weight * self.reshard_by_number(array, self.specs.number(src),
-                                                      self.specs.number(dst))
+            seconds = weight * prices.reshard_by_number(array, prices.specs.number(src),
+                                                        prices.specs.number(dst))
             if seconds > 0:
                 from_src = np.array([spec == src for spec in src_specs])
                 by_seconds[seconds] = by_seconds.get(seconds, False) | from_src
         return by_seconds
 
-    def build_shared_costs(self) -> tuple[SharedCost, ...]:
-        """One latency per combined collective: per computation (per loop body, once per
-        iteration) one for the trailing nodes' collectives, and one per wave of siblings
-        (``reduction_waves``) for the others'."""
-        members: dict[tuple, set] = {}
-        waves = reduction_waves(self.graph, self.space.strategies, self.space.menu_ids)
-        for node in self.graph.nodes:
-            strategies = self.space.strategies[node.id]
-            if not self.combines(node.id):
+
+@dataclasses.dataclass(frozen=True)
+class Combining:
+    """Which nodes' collectives XLA's combiner merges with their like: per node, whether
+    some strategy of it has such a collective (``combines``) and whether they may join
+    the one combined at the end of its computation (``joins``: a trailing node's; its
+    siblings' combine where they run); per computation (loop scope), where that one
+    runs: after the last node that joins it (``points``)."""
+    combines: tuple[bool, ...]
+    joins: tuple[bool, ...]
+    points: Mapping[tuple, int]
+
+
+def combining(space) -> Combining:
+    """The ``Combining`` of a program's strategies."""
+    by_menu: dict = {}
+    combines = []
+    for node in space.graph.nodes:
+        key = space.menu_ids[node.id]
+        if key not in by_menu:
+            by_menu[key] = any(s.combined for s in space.strategies[node.id])
+        combines.append(by_menu[key])
+    joins = tuple(bool(space.trailing[n]) and c for n, c in enumerate(combines))
+    points = {loop_scope(node): node.id for node in space.graph.nodes if joins[node.id]}
+    return Combining(tuple(combines), joins, points)
+
+
+def combined_latencies(space, groups: Groups, combined: Combining) -> tuple[SharedCost, ...]:
+    """One latency per combined collective: per computation (per loop body, once per
+    iteration) one for the trailing nodes' collectives, and one per wave of siblings
+    (``reduction_waves``) for the others'."""
+    graph, link_latency = space.graph, space.hardware.link_latency
+    members: dict[tuple, set] = {}
+    waves = reduction_waves(graph, space.strategies, space.menu_ids)
+    for node in graph.nodes:
+        strategies = space.strategies[node.id]
+        if not combined.combines[node.id]:
+            continue
+        g = groups.group_of_node[node.id]
+        wave = None if space.trailing[node.id] else waves[node.id]
+        scope, seconds = (loop_scope(node), wave), link_latency * node.weight
+        for s, k in enumerate(groups.picks[node.id]):
+            for kind, axes in strategies[k].combined:
+                members.setdefault((kind, axes, scope, seconds), set()).add((g, s))
+    return tuple(SharedCost(key[3], tuple(sorted(m)))
+                 for key, m in sorted(members.items(), key=lambda item: repr(item[0])))
+
+
+def makes(space, groups: Groups, node_id: int, collective: tuple) -> np.ndarray:
+    """Per strategy of the node's group: whether it makes this combined collective."""
+    strategies = space.strategies[node_id]
+    return np.array([collective in strategies[k].combined for k in groups.picks[node_id]])
+
+
+def chained_latencies(space, groups: Groups,
+                      combined: Combining) -> tuple[SharedEdgeCost, ...]:
+    """A trailing collective that depends on a like one the combiner may still be
+    filling when it reaches it (``trailing_ancestors``) starts another combined op:
+    one more latency per such node, collective kind and axes, paid if the node and
+    any of those makes it."""
+    graph, group_of_node = space.graph, groups.group_of_node
+    members: dict[tuple, dict] = {}
+    before = trailing_ancestors(graph, space.strategies, space.trailing)
+    for node in graph.nodes:
+        if not before[node.id] or not combined.combines[node.id]:
+            continue
+        gn = group_of_node[node.id]
+        for collective, ancestors in before[node.id].items():
+            mine = makes(space, groups, node.id, collective)
+            if not mine.any():
                 continue
-            g = self.group_of_node[node.id]
-            wave = None if self.space.trailing[node.id] else waves[node.id]
-            scope, seconds = (loop_scope(node), wave), self.hw.link_latency * node.weight
-            for s, k in enumerate(self.picks[node.id]):
-                for kind, axes in strategies[k].combined:
-                    members.setdefault((kind, axes, scope, seconds), set()).add((g, s))
-        return tuple(SharedCost(key[3], tuple(sorted(m)))
-                     for key, m in sorted(members.items(), key=lambda item: repr(item[0])))
-
-    def makes(self, node_id: int, combined: tuple) -> np.ndarray:
-        """Per strategy of the node's group: whether it makes this combined collective."""
-        strategies = self.space.strategies[node_id]
-        return np.array([combined in strategies[k].combined for k in self.picks[node_id]])
-
-    def build_chained_latencies(self) -> tuple[SharedEdgeCost, ...]:
-        """A trailing collective that depends on a like one the combiner may still be
-        filling when it reaches it (``trailing_ancestors``) starts another combined op:
-        one more latency per such node, collective kind and axes, paid if the node and
-        any of those makes it."""
-        members: dict[tuple, dict] = {}
-        before = trailing_ancestors(self.graph, self.space.strategies, self.space.trailing)
-        for node in self.graph.nodes:
-            if not before[node.id] or not self.combines(node.id):
-                continue
-            gn = self.group_of_node[node.id]
-            for combined, ancestors in before[node.id].items():
-                mine = self.makes(node.id, combined)
-                if not mine.any():
-                    continue
-                key = (combined, node.id, self.hw.link_latency * node.weight)
-                pairs = members.setdefault(key, {})
-                for p in sorted(ancestors):
-                    paid = np.outer(self.makes(p, combined), mine)
-                    gp = self.group_of_node[p]
-                    if paid.any():
-                        pairs[gp, gn] = pairs[gp, gn] | paid if (gp, gn) in pairs else paid
-        return tuple(SharedEdgeCost(key[2], tuple((u, v, paid) for (u, v), paid in pairs.items()))
-                     for key, pairs in sorted(members.items(), key=lambda item: repr(item[0]))
-                     if pairs)
-
-    def combine_points(self) -> dict[tuple, int]:
-        """Per computation (loop scope), where its combined collective runs: after the last
-        node whose collectives may join it."""
-        points: dict[tuple, int] = {}
-        for node in self.graph.nodes:
-            if self.joins_combined(node.id):
-                points[loop_scope(node)] = node.id
-        return points
-
-    def combines(self, node_id: int) -> bool:
-        """Whether some strategy of the node has a collective XLA combines with its like."""
-        key = self.space.menu_ids[node_id]
-        if key not in self._combines:
-            self._combines[key] = any(s.combined for s in self.space.strategies[node_id])
-        return self._combines[key]
-
-    def joins_combined(self, node_id: int) -> bool:
-        """Whether the node's collectives may join the one combined at the end of its
-        computation; its siblings' combine where they run."""
-        return self.space.trailing[node_id] and self.combines(node_id)
+            key = (collective, node.id, space.hardware.link_latency * node.weight)
+            pairs = members.setdefault(key, {})
+            for p in sorted(ancestors):
+                paid = np.outer(makes(space, groups, p, collective), mine)
+                gp = group_of_node[p]
+                if paid.any():
+                    pairs[gp, gn] = pairs[gp, gn] | paid if (gp, gn) in pairs else paid
+    return tuple(SharedEdgeCost(key[2], tuple((u, v, paid) for (u, v), paid in pairs.items()))
+                 for key, pairs in sorted(members.items(), key=lambda item: repr(item[0]))
+                 if pairs)
