@@ -107,8 +107,11 @@ class Keys:
         self.intern = interner()
         self.jaxprs: dict[int, tuple] = {}
 
-    def eqn(self, eqn) -> int:
-        return self.intern((eqn.primitive.name, self.param(eqn.params),
+    def eqn(self, eqn, top: bool = False) -> int:
+        """``top``: an equation of the loss itself, where a slice's bounds may differ
+        between layers (the layer's own key, cut from a split key array by the loop)."""
+        params = () if top and eqn.primitive.name in OWN_PARAMS else self.param(eqn.params)
+        return self.intern((eqn.primitive.name, params,
                             tuple(aval_key(v.aval) for v in eqn.invars),
                             tuple(aval_key(v.aval) for v in eqn.outvars)))
 
@@ -151,6 +154,11 @@ class Keys:
         return self.jaxprs[id(closed)]
 
 
+# Primitives whose params may differ between the layers of a run (the equation is then
+# run per layer before the scan, :func:`hoist`): a static slice.
+OWN_PARAMS = ("slice",)
+
+
 def literal_key(atom) -> tuple:
     value = np.asarray(atom.val)
     return (value.dtype.str, value.shape, value.tobytes())
@@ -185,7 +193,7 @@ def find_layout(jaxpr) -> Layout | None:
     """The run of repeated layers in ``jaxpr``'s equations (the module's docstring says
     which), None if there is none."""
     keys = Keys()
-    sequence = np.array([keys.eqn(e) for e in jaxpr.eqns], dtype=np.int64)
+    sequence = np.array([keys.eqn(e, top=True) for e in jaxpr.eqns], dtype=np.int64)
     for covered, size, begin, phases in periodic_spans(sequence):
         best = None
         for start in range(begin, begin + phases):
@@ -231,29 +239,42 @@ def read_run(jaxpr, layout: Layout) -> Roll | None:
     if not carried or not any(r[0] == "layer" and not all(isinstance(a, Literal) for a in r[1])
                               for r in roles.values()):
         return None
-    hoisted = hoist_casts(blocks, roles, carried)
+    hoisted = hoist(blocks, roles, carried)
+    if hoisted is None:
+        return None
     roll = build_roll(jaxpr, layout, blocks, roles, carried, hoisted)
     if roll is not None:
         roll.hoisted = [block[p] for block in blocks for p in hoisted]
     return roll
 
 
-def hoist_casts(blocks, roles: dict, carried: list) -> list[int]:
-    """The block's casts of its own weights to a narrower dtype (f32 master weights run in
-    bf16), done per layer before the stack rather than in the body: the stack, the weights
-    a stage receives and the gradients it sends back are then of the narrow dtype (the
-    gradient of a bf16 use is bf16 either way). ``roles`` learns that their readers read a
-    layer's own value."""
+def hoist(blocks, roles: dict, carried: list) -> list[int] | None:
+    """The block's equations run per layer before the stack rather than in the body:
+
+    - those whose params differ between layers (:data:`OWN_PARAMS`), which must read
+      only values from before the run (None where one does not);
+    - casts of the layer's own weights to a narrower dtype (f32 master weights run in
+      bf16): the stack, the weights a stage receives and the gradients it sends back are
+      then of the narrow dtype (the gradient of a bf16 use is bf16 either way).
+
+    ``roles`` learns that their readers read a layer's own value."""
     hoisted = []
     for p, eqn in enumerate(blocks[0]):
-        if (eqn.primitive.name != "convert_element_type" or roles[p, 0][0] != "layer"
-                or (p, 0) in carried or not narrower(eqn.outvars[0].aval, eqn.invars[0].aval)):
+        own_params = any(block[p].params != eqn.params for block in blocks)
+        movable = (all(roles[p, q][0] in ("const", "layer") for q in range(len(eqn.invars)))
+                   and not any((p, o) in carried for o in range(len(eqn.outvars))))
+        if own_params and not movable:
+            return None
+        if not own_params and not (movable and eqn.primitive.name == "convert_element_type"
+                                   and roles[p, 0][0] == "layer"
+                                   and narrower(eqn.outvars[0].aval, eqn.invars[0].aval)):
             continue
         hoisted.append(p)
-        cast = ("layer", tuple(block[p].outvars[0] for block in blocks))
-        for slot, role in roles.items():
-            if role == ("inner", (p, 0)):
-                roles[slot] = cast
+        for o in range(len(eqn.outvars)):
+            own = ("layer", tuple(block[p].outvars[o] for block in blocks))
+            for slot, role in roles.items():
+                if role == ("inner", (p, o)):
+                    roles[slot] = own
     return hoisted
 
 

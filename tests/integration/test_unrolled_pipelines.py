@@ -308,3 +308,32 @@ def test_transformers_llama_with_dropout_rematerialized_matches_single_device(me
     plan_ = plan_lm(step, args, mesh_2d, remat="nothing_saveable")
     assert plan_.microbatching.remat == "nothing_saveable"
     assert_matches(plan_.jit()(*args), jax.jit(step)(*args))
+
+
+@pytest.mark.slow
+def test_equinox_lm_with_a_key_per_layer_rematerialized_matches_single_device(mesh_2d,
+                                                                               monkeypatch):
+    # the loop cuts each layer's dropout key from a split key array (a slice whose bounds
+    # differ between layers): run per layer before the scan, the keys stacked
+    eqx = pytest.importorskip("equinox")
+    from autoshard.testing import corpus
+    monkeypatch.setattr(corpus, "LAYERS", 4)
+    arrays, static = eqx.partition(corpus._equinox_model(jax.random.key(0)), eqx.is_array)
+
+    def loss(arrays, key, tokens):
+        model = eqx.combine(arrays, static)
+        logits = jax.vmap(model)(tokens, jax.random.split(key, tokens.shape[0]))
+        logp = jax.nn.log_softmax(logits[:, :-1])
+        return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
+
+    def step(arrays, key, tokens):
+        value, grads = autoshard.value_and_grad(loss)(arrays, key, tokens)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, arrays, grads), value
+    # raw uint32 keys, ahead of the batch (its rows are the last argument's): a stack of
+    # typed keys is priced by the cost model's reshards, which read no key dtype yet
+    args = (arrays, jax.random.PRNGKey(2), corpus._lm_batch())
+    fn, flat = flat_loss(loss, args)
+    assert unrolled.find(fn, flat).count == 4
+    plan_ = plan_lm(step, args, mesh_2d, remat="nothing_saveable")
+    assert plan_.microbatching.remat == "nothing_saveable"
+    assert_matches(plan_.jit()(*args), jax.jit(step)(*args))
