@@ -8,8 +8,9 @@ rematerializes a ``lax.scan`` over stacked layers; this module turns such a run 
 into one, so that the same machinery applies to both.
 
 A *run* is a maximal stretch of consecutive, structurally identical blocks of equations
-(same primitives, params, shapes and dtypes, one block a layer) in which every operand a
-block reads is, the same way in every block:
+(same primitives, params, shapes and dtypes, one block a layer; a static slice's bounds may
+differ, :data:`OWN_PARAMS`) in which every operand a block reads is, the same way in every
+block:
 
 - a value its own block made (the same equation and result in each block);
 - a result of the block before it (the *carry*; the first block reads the value the run
@@ -28,7 +29,8 @@ Rolled, the run is ``lax.scan(block, carry, [jnp.stack(w) for each layer-own ope
 one block's equations as the body, the carried results as the carry (zeros where the
 first block reads none), the constants closed over. A block's cast of its own weights to
 a narrower dtype (bf16 compute over f32 master weights) is done per layer before the
-stack, so that a pipeline moves the weights and their gradients across stages in bf16.
+stack, so that a pipeline moves the weights and their gradients across stages in bf16; so
+is an equation whose params differ between layers, its results stacked.
 Autodiff through ``jnp.stack`` hands each listed layer its own gradient, in the user's
 structure. Equations before and after the run (embeddings, a first layer unlike the
 rest, the head) stay where they were.
