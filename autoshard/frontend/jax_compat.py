@@ -276,7 +276,7 @@ PRIMITIVE_MODULES = ("jax._src.ad_util", "jax._src.ad_checkpoint",
 
 # The primitives that only some supported releases define: name -> (the defining module,
 # the releases that define it). Every other primitive those modules define is in all of
-# them. ``tests/test_rule_coverage.py`` checks this against the installed JAX.
+# them. ``tests/unit/rules/test_rule_coverage.py`` checks this against the installed JAX.
 V0_10, V0_12 = "0.10", "0.12"
 PRIMITIVES_BY_VERSION: dict[str, tuple[str, tuple[str, ...]]] = {
     # 0.12 adds
