@@ -31,6 +31,7 @@ def test_list():
     (["zoo", "gpt", "--memory-budget", "1KB", "--steps", "0"], "no plan fits the memory budget"),
     (["zoo", "gpt", "--hardware", "tpu9"], "unknown hardware"),
 ])
+@pytest.mark.slow
 def test_bad_input_is_one_line(args, message):
     result = autoshard(*args)
     assert result.returncode == 2
@@ -47,6 +48,7 @@ def test_parsers():
     assert cli.parse_mesh("2x2x2", "a,b,c") == ((2, 2, 2), ("a", "b", "c"))
 
 
+@pytest.mark.slow
 def test_tiny_run(tmp_path):
     plan_file = tmp_path / "plan.json"
     result = autoshard("zoo", "mlp", "--size", "tiny", "--mesh", "2x4", "--steps", "3",
@@ -86,6 +88,7 @@ def losses_by_step(out: str) -> dict[int, str]:
             for m in re.finditer(r"^\s*step\s+(\d+)\s+loss\s+(\S+)$", out, re.MULTILINE)}
 
 
+@pytest.mark.slow
 def test_checkpoint_and_resume(tmp_path):
     ckpt = str(tmp_path / "ckpt")
     common = ("zoo", "mlp", "--size", "tiny", "--mesh", "8", "--checkpoint-dir", ckpt)
@@ -167,6 +170,7 @@ def test_any_mesh_shape_plans_and_runs(tmp_path, mesh, splits):
     assert bool(sharded) == splits, sharded[:3]     # no axis of 3x3 divides a dim: replicated
 
 
+@pytest.mark.slow
 def test_full_flag_lists_every_array():
     result = autoshard("zoo", "mlp", "--size", "tiny", "--mesh", "2x4", "--steps", "0",
                        "--full")

@@ -134,6 +134,7 @@ def plan_of(name, layout=None, reuse=True):
                           reuse=reuse, cache=False, progress=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_pins_never_help(name):
     free = plan_of(name).stats.objective_s
@@ -181,6 +182,7 @@ def highs_objective_s(request, allowed=None) -> tuple[float, np.ndarray]:
     return res.fun / SECONDS_SCALE, ilp.choice_of(res.x)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["plain_lm-8", "gpt-2x4", "generated1-2x4"])
 def test_evaluate_agrees_with_solver(name):
     # the solver's objective is set by evaluate: compared with what HiGHS itself finds
@@ -238,6 +240,7 @@ def test_breakdown_adds_up_to_the_plan_cost(name):
                                                             abs=1e-15)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["plain_lm-8", "plain_moe-8", "gpt-2x4"])
 def test_group_seconds_move_a_plan_as_evaluation_does(name):
     request, coarse, result = solved(name)
@@ -255,6 +258,7 @@ def test_group_seconds_move_a_plan_as_evaluation_does(name):
                     seconds[s] - seconds[choice[g]], rel=1e-9, abs=1e-15), (g, s)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["plain_lm-8", "plain_cnn-2x4", "gpt-2x4"])
 def test_reuse_and_coarsening_cost_nothing(name):
     request, _, _ = solved(name)

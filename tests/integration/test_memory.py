@@ -49,6 +49,7 @@ def test_data_parallel_step_holds_gradients_and_their_reduced_copies(mesh_1d):
     assert plan.cost.memory_bytes == pytest.approx(report.memory_bytes, rel=TOLERANCE)
 
 
+@pytest.mark.slow
 def test_zoo_gpt_under_a_budget_fits_and_is_predicted(mesh_1d):
     """A budget below the replicated plan's memory: the plan shards weights and optimizer
     state, reshards and reduces, and still fits once compiled."""
@@ -64,6 +65,7 @@ def test_zoo_gpt_under_a_budget_fits_and_is_predicted(mesh_1d):
     assert plan.cost.memory_bytes == pytest.approx(report.memory_bytes, rel=TOLERANCE)
 
 
+@pytest.mark.slow
 def test_gathered_weights_are_held_to_their_last_reader_that_shares_them(mesh_1d):
     """FSDP on the plain-JAX MoE: each weight is gathered once for the forward and the
     backward pass, and the copy dies after the backward pass. The optimizer's update
@@ -81,6 +83,7 @@ def test_gathered_weights_are_held_to_their_last_reader_that_shares_them(mesh_1d
     pytest.param(lambda: plain.cnn("small"), id="plain_cnn"),
     pytest.param(lambda: models.train_case("gpt", "small"), id="gpt"),
 ])
+@pytest.mark.slow
 def test_a_gathered_weight_dies_once_copied_for_the_backward_pass(mesh_1d, case):
     """FSDP, against the bytes XLA holds live at its peak (``buffer_bytes``). XLA gathers
     every weight at the start and at once copies it into the layouts its readers want

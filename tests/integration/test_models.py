@@ -82,6 +82,7 @@ def test_abstract_case_allocates_nothing():
     assert case.state["params"]["blocks"][0]["mlp"]["wi"]["kernel"].shape == (16, 1024, 4096)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,size", CORE + VARIANTS)
 def test_auto_plan_matches_one_device(name, size, mesh):
     if (name, size) in VARIANTS and len(mesh.axis_names) == 1:
@@ -118,6 +119,7 @@ def test_bf16_moments_match_one_device_at_their_scale(mesh_2d):
     assert_moments_match(case, got_state, want_state)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,size", CORE)
 def test_loss_falls_over_20_steps(name, size, mesh_1d):
     case = case_of(name, size)
@@ -150,6 +152,7 @@ def test_expert_plans_shard_as_named(mesh_2d):
     assert fsdp == P(("data", "model"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("plan_name", ["megatron", "expert_parallel"])
 def test_expert_step_matches_one_device(plan_name, mesh_2d):
     case = case_of("moe", "tiny")
@@ -165,6 +168,7 @@ def sharding_constraints(fn, *args) -> int:
     return str(jaxpr).count("sharding_constraint")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("plan_name", ["fsdp", "megatron", "fsdp_tp", "zero2"])
 def test_expert_constraints_keep_numerics(plan_name, mesh_2d):
     """Experts that constrain activations (MaxText-style logical rules) or gradients
@@ -181,6 +185,7 @@ def test_expert_constraints_keep_numerics(plan_name, mesh_2d):
     assert_matches(case, step(*case.args), reference("gpt", "tiny"))
 
 
+@pytest.mark.slow
 def test_zero2_constrains_every_gradient_as_the_optimizer_state(mesh_2d):
     from autoshard.testing import plain
     case = plain.lm("tiny")
@@ -204,6 +209,7 @@ def test_annotation_pins(mesh_2d, mesh_1d):
     assert case.annotation_pins(mesh_1d)["state['params']['head']['kernel']"] == P(None, "data")
 
 
+@pytest.mark.slow
 def test_expert_layout_as_pins_keeps_numerics_with_donation(mesh_2d):
     """FSDP x TP splits the scan's stacked state on the layer dim, which the scan's
     outputs never come in: the donated outputs are resharded into the pinned specs."""
@@ -221,6 +227,7 @@ def test_expert_layout_as_pins_keeps_numerics_with_donation(mesh_2d):
     assert_matches(case, plan.jit()(*args), want)
 
 
+@pytest.mark.slow
 def test_priced_budget_plan_matches_one_device(mesh_1d, monkeypatch):
     """Under a budget the unconstrained plan exceeds, with branch and bound off: the plan
     found by pricing memory fits as predicted and computes what one device computes."""

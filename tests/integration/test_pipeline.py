@@ -241,6 +241,7 @@ def test_gpipe_schedule_arithmetic():
     assert idle / (4 * p.iterations) == pytest.approx(p.bubble_fraction)
 
 
+@pytest.mark.slow
 def test_forced_pipeline_matches_single_device(stack_args, mesh_2d):
     expected = jax.jit(stack_step)(*stack_args)
     plan_ = plan_stack(stack_args, mesh_2d, pipeline="data", microbatches=4)
@@ -254,6 +255,7 @@ def test_forced_pipeline_matches_single_device(stack_args, mesh_2d):
     assert "pipeline over 'data': 2 stages x 4 layers, 4 microbatches" in plan_.summary_text()
 
 
+@pytest.mark.slow
 def test_auto_pipeline_is_the_fastest_candidate_and_matches(stack_args, mesh_2d):
     expected = jax.jit(stack_step)(*stack_args)
     plan_ = plan_stack(stack_args, mesh_2d, pipeline="auto")   # both schedules weighed
@@ -272,6 +274,7 @@ def test_pipeline_json_round_trip(stack_args, mesh_2d):
     assert_matches(loaded.jit()(*stack_args), jax.jit(stack_step)(*stack_args))
 
 
+@pytest.mark.slow
 @pytest.mark.xfail(strict=True, raises=autoshard.MemoryBudgetError, reason=(
     "the memory model counts the forward and backward passes' stage-major copies of the "
     "weight stacks apart, where XLA keeps one and hoists it out of the loop: pipelines are "
@@ -294,6 +297,7 @@ def test_pipeline_accumulates_where_one_pipelined_step_does_not_fit(stack_args, 
     assert_matches(plan_.jit()(*stack_args), jax.jit(stack_step)(*stack_args))
 
 
+@pytest.mark.slow
 def test_auto_shard_and_plan_train_step_take_pipeline_options(stack_args, mesh_2d):
     from autoshard.runtime import distributed
     expected = jax.jit(stack_step)(*stack_args)
@@ -359,6 +363,7 @@ def assert_only_the_shift_crosses_stages(plan_, args):
                            for c in in_loop), in_loop
 
 
+@pytest.mark.slow
 def test_microbatch_slices_inside_stages_reduce_gradients_once(stack_args, mesh_2d,
                                                                 monkeypatch):
     # each microbatch split over 'model' inside the stages over 'data' (data parallel
@@ -387,6 +392,7 @@ def test_pipelines_weigh_microbatches_whole_and_split_inside_stages(stack_args, 
     assert splits == {(), ("model",)}
 
 
+@pytest.mark.slow
 def test_forced_circular_pipeline_matches_single_device(stack_args, mesh_2d):
     expected = jax.jit(stack_step)(*stack_args)
     plan_ = plan_stack(stack_args, mesh_2d, pipeline="data", microbatches=4, repeats=2)
@@ -403,6 +409,7 @@ def test_forced_circular_pipeline_matches_single_device(stack_args, mesh_2d):
     assert_matches(loaded.jit()(*stack_args), expected)
 
 
+@pytest.mark.slow
 def test_auto_repeats_weigh_gpipe_and_circular(stack_args, mesh_2d):
     """Where compute outweighs the stage transfers, the smaller bubble wins: the planner
     takes the circular schedule, no slower than GPipe or any forced V, and it matches."""
@@ -503,6 +510,7 @@ def test_schedule_view_shows_the_bubble():
 
 # -- rematerialization ---------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_remat_trades_recompute_for_memory_and_matches(mesh_1d):
     """Under one layout (the arguments split as the plan without remat splits them),
     saving only dot outputs, then nothing, keeps less for the backward pass (predicted
@@ -532,6 +540,7 @@ def test_remat_trades_recompute_for_memory_and_matches(mesh_1d):
     assert "jax.checkpoint(policy=nothing_saveable)" in plans[2].summary_text()
 
 
+@pytest.mark.slow
 def test_auto_remat_and_microbatches_fit_a_tight_budget(stack_args, mesh_1d):
     expected = jax.jit(stack_step)(*stack_args)
     budget = 0.8 * plan_stack(stack_args, mesh_1d, remat="dots_saveable").cost.memory_bytes

@@ -55,6 +55,7 @@ def test_tight_memory_shards_parameters_and_optimizer_state(mesh_1d):
     assert compiled.memory_bytes <= budget, (compiled.memory_bytes, budget)
 
 
+@pytest.mark.slow
 def test_scan_over_layers_shards_stacked_weights(mesh_2d):
     program = programs.scan_transformer_train_step()
     args = program.abstract_args()

@@ -43,6 +43,7 @@ def test_all_programs_are_the_six_train_steps():
         assert all(0 <= i < len(p.args) for i in p.donate_argnums)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TRAIN_STEPS)
 def test_train_step_runs_and_learns(name):
     p = _program(name)

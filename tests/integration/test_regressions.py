@@ -332,6 +332,7 @@ def strategy_results(fn, args, mesh):
     # a window as large as its input: one output element, a dot too (the fuzzer's seed 501)
     ("window_as_large_as_its_input", (4, 4, 3), (4, 2, 3), ("NCW", "OIW", "NCW")),
 ])
+@pytest.mark.slow
 def test_every_grouped_conv_strategy_matches_one_device(name, lhs_shape, rhs_shape, numbers):
     """Split over its groups, a grouped conv that is a dot in every spatial dim (a window
     of one, or one output element) came out wrong (0.93 off, relative, on 4x2) or

@@ -120,7 +120,8 @@ def test_no_setting_fitting_raises_the_last_budget_failure(mesh_1d):
 def test_replica_candidates():
     sizes = {"data": 2, "model": 4, "one": 1}
     # the plan without microbatches splits the batch over data: that, and every axis
-    base = StubPlan(PlanCost(1, 0, 0), PlanStats(), (ArgumentInfo("b", (8, 4), "f32", (("data",), ())),))
+    batch = ArgumentInfo("b", (8, 4), "f32", (("data",), ()))
+    base = StubPlan(PlanCost(1, 0, 0), PlanStats(), (batch,))
     assert replica_candidates(base, 8, sizes) == [("data",), ("data", "model")]
     # no such plan: every axis, each alone (largest first), none
     assert replica_candidates(None, 8, sizes) == [("data", "model"), ("model",), ("data",), ()]

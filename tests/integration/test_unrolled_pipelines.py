@@ -141,6 +141,7 @@ def flat_loss(loss, args):
     return (lambda *f: loss(*jax.tree.unflatten(tree, f))), flat
 
 
+@pytest.mark.slow
 def test_the_loop_is_found_and_rolled_into_one_scan_over_stacked_weights():
     fn, flat = flat_loss(lm_loss, make_lm_args(4))
     layout = unrolled.find(fn, flat)
@@ -176,6 +177,7 @@ def test_no_repeated_layers_no_run():
 
 # -- pipelines and remat of the plain-JAX LM ------------------------------------------------
 
+@pytest.mark.slow
 def test_gpipe_over_an_unrolled_lm_matches_single_device(lm4, mesh_2d):
     args, expected = lm4
     plan_ = plan_lm(lm_step, args, mesh_2d, pipeline="data", microbatches=4)
@@ -189,6 +191,7 @@ def test_gpipe_over_an_unrolled_lm_matches_single_device(lm4, mesh_2d):
     assert specs and all(s[0] == "data" for s in specs)
 
 
+@pytest.mark.slow
 def test_circular_pipeline_over_an_unrolled_lm_matches_single_device(lm4, mesh_2d):
     args, expected = lm4
     plan_ = plan_lm(lm_step, args, mesh_2d, pipeline="data", microbatches=4, repeats=2)
@@ -201,6 +204,7 @@ def test_circular_pipeline_over_an_unrolled_lm_matches_single_device(lm4, mesh_2
     assert specs and all(s[0] == "data" for s in specs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("remat", ["nothing_saveable", "auto"])
 def test_remat_of_an_unrolled_lm_matches_single_device(remat, mesh_2d):
     args = make_lm_args(2)
@@ -211,6 +215,7 @@ def test_remat_of_an_unrolled_lm_matches_single_device(remat, mesh_2d):
         assert f"jax.checkpoint(policy={remat})" in plan_.summary_text()
 
 
+@pytest.mark.slow
 def test_pipeline_with_a_first_layer_unlike_the_rest(mesh_2d):
     args = make_lm_args(5, first_ffn=2 * FFN)
     plan_ = plan_lm(lm_step, args, mesh_2d, pipeline="data", microbatches=4)

@@ -67,6 +67,7 @@ def test_collection_paused_nests_and_restores():
         (gc.enable if enabled else gc.disable)()
 
 
+@pytest.mark.slow
 def test_tracing_the_plan_pauses_the_collector(mesh_2d, monkeypatch):
     case = models.train_case("gpt", "tiny")
     plan = autoshard.plan(case.train_step, *case.args, mesh=mesh_2d, cache=False,

@@ -97,6 +97,7 @@ def random_choices(request: Request, count: int, seed: int = 0) -> list[np.ndarr
             for _ in range(count)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("program,setting", CASES)
 def test_floor_is_below_every_choice(program, setting):
     for request, coarse in requests(program, setting):
@@ -109,6 +110,7 @@ def test_floor_is_below_every_choice(program, setting):
         assert memory_floor(coarse) >= floor * (1 - 1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("program,setting", CASES)
 def test_solved_plan_holds_at_least_the_floor(program, setting):
     for request, coarse in requests(program, setting):

@@ -142,6 +142,7 @@ def test_reuse_solves_repeated_layers_once(four_layers, mesh_2d):
         assert len(layer_specs) == 1
 
 
+@pytest.mark.slow
 def test_reused_plan_matches_single_device(four_layers, mesh_2d):
     expected = jax.jit(four_layers.fn)(*four_layers.args)
     plan = autoshard.plan(four_layers.fn, *four_layers.args, mesh=mesh_2d, hardware=SLOW,
@@ -165,6 +166,7 @@ def test_identical_inputs_give_identical_plans(four_layers, mesh_2d):
     assert plan_fields(first) == plan_fields(second)
 
 
+@pytest.mark.slow
 def test_cache_in_memory_and_on_disk(four_layers, mesh_2d, mesh_1d, tmp_path):
     args = four_layers.abstract_args()
     plan_cache.PLANS.clear()
