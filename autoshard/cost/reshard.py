@@ -44,7 +44,7 @@ def reshard_collectives(shape: Sequence[int], dtype, src: Spec, dst: Spec,
     if src == dst:
         return ()
     canonical, src, dst, scale = partitioner.canonical_reshard(
-        shape, np.dtype(dtype).itemsize, src, dst, axis_sizes)
+        shape, specs.itemsize(dtype), src, dst, axis_sizes)
     steps = partitioner.cached_reshard_steps(canonical, 1, src, dst, axis_sizes)
     out, major = [], None
     for step in steps:   # followed on the canonical shape: its bytes scaled to ``shape``'s

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from autoshard.cost import ReshardPrices, group_nodes, price_groups
+from autoshard.cost import ReshardPrices, group_nodes, price_groups, reshard_collectives
 from autoshard.cost.strategies import build_strategies
 from autoshard.frontend.trace import trace
 from autoshard.target.hardware import Hardware
@@ -94,3 +94,16 @@ def test_a_read_a_shared_copy_pays_for_leaves_its_edge():
                          for a in groups.out_specs(value.producer, value.index)])
         np.testing.assert_allclose(edge, full[gu, gv] - np.where(paid[None, :], read, 0.0),
                                    rtol=1e-9, atol=1e-15)
+
+
+def test_an_array_of_prng_keys_is_priced_as_its_words():
+    # a stack of typed keys (an equinox loop's key per layer) has no numpy dtype: an
+    # all-gather of it moves its key words, as one of uint32 pairs does
+    hw = Hardware(flops=1e12, hbm_bandwidth=1e11, memory=16e9,
+                  link_bandwidth={"a": 1e10}, link_latency=1e-6)
+    keys = jax.random.split(jax.random.key(0), 8)
+    src, dst = (("a",), ()), ((), ())
+    typed = reshard_collectives((8,), keys.dtype, src, dst, {"a": 4}, hw)
+    words = reshard_collectives((8, 2), jnp.uint32, (("a",), ()), ((), ()), {"a": 4}, hw)
+    assert [c.kind for c in typed] == ["all-gather"]
+    assert typed[0].num_bytes == words[0].num_bytes
