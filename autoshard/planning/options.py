@@ -82,7 +82,7 @@ class PlanOptions:
 
     def key_options(self) -> dict[str, Any]:
         """The options a plan of one traced program depends on besides the mesh and the
-        hardware, as the cache key spells them (``cache.plan_key``). The settings are not
+        hardware, as the cache key spells them (``fingerprint.plan_key``). The settings are not
         among them: they change the program traced. Nor is ``seconds_to_beat``: it decides
         whether a plan is wanted, not which."""
         return {"memory_budget": self.memory_budget,
