@@ -10,7 +10,6 @@ which round-trips exactly, so a hit is a fresh ``Plan``.
 from __future__ import annotations
 
 import collections
-import functools
 import os
 import pathlib
 import tempfile
@@ -19,7 +18,6 @@ CACHE_DIR_ENV = "AUTOSHARD_CACHE_DIR"
 MAX_IN_MEMORY = 64
 
 
-@functools.lru_cache(maxsize=1)
 def cache_dir(directory: str | os.PathLike | None) -> pathlib.Path | None:
     directory = directory if directory is not None else os.environ.get(CACHE_DIR_ENV)
     return pathlib.Path(directory) if directory else None

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import pathlib
@@ -99,6 +100,7 @@ class JaxprText:
         return ADDRESS.sub(" at 0x", text) if " at 0x" in text else text
 
 
+@functools.lru_cache(maxsize=1)
 def source_hash() -> str:
     """autoshard's own code: a changed planner must not find its predecessor's plans."""
     root = pathlib.Path(__file__).parent.parent   # the autoshard package
