@@ -320,18 +320,15 @@ def plan_program(fn: Callable, args: tuple, options: PlanOptions) -> Plan:
             plan_ = solve_program(program, options, fingerprint, show, started)
             if options.cache:
                 PLANS.put(key, plan_.to_json(indent=None), directory)
-        # this call's make_jaxpr, also on a cache hit
-        return dataclasses.replace(plan_, stats=dataclasses.replace(plan_.stats,
-                                                                    jaxpr_s=jaxpr_s))
+        return plan_.with_stats(jaxpr_s=jaxpr_s)   # this call's make_jaxpr, also on a hit
 
 
 def cached_plan(found: tuple[str, str], mesh: Mesh, program, started: float) -> Plan:
     text, where = found
-    plan_ = Plan.from_json(text, mesh)
-    stats = dataclasses.replace(plan_.stats, cache=where, plan_s=time.perf_counter() - started)
+    plan_ = Plan.from_json(text, mesh).with_stats(cache=where,
+                                                  plan_s=time.perf_counter() - started)
     return dataclasses.replace(
-        plan_, stats=stats,
-        program=PlannedProgram(program.closed_jaxpr, program.in_tree, program.out_tree))
+        plan_, program=PlannedProgram(program.closed_jaxpr, program.in_tree, program.out_tree))
 
 
 def solve_program(program, options: PlanOptions, fingerprint: str, show,

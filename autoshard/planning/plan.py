@@ -249,12 +249,14 @@ class Plan:
     program: PlannedProgram | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self):
-        for name, kind in (("arguments", tuple), ("out_specs", tuple), ("donate_argnums", tuple),
-                           ("breakdown", tuple), ("decisions", types.MappingProxyType),
-                           ("memory_parts", types.MappingProxyType)):
-            value = getattr(self, name)
-            object.__setattr__(self, name, kind(dict(value) if kind is types.MappingProxyType
-                                                else value))
+        for name in ("arguments", "out_specs", "donate_argnums", "breakdown"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        for name in ("decisions", "memory_parts"):
+            object.__setattr__(self, name, types.MappingProxyType(dict(getattr(self, name))))
+
+    def with_stats(self, **changes) -> Plan:
+        """The plan with ``changes`` to its ``PlanStats`` (seconds, cache, settings tried)."""
+        return dataclasses.replace(self, stats=dataclasses.replace(self.stats, **changes))
 
     @classmethod
     def from_solution(cls, solution: Solution, options: PlanOptions, fingerprint: str,

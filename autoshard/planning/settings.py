@@ -149,7 +149,7 @@ def plan_with_microbatches(search: Search):
             raise failure
         raise InputError(f"batch of {size} rows does not split into {microbatches} "
                          f"microbatches on mesh {sizes}")
-    return with_settings(best, trail)
+    return best.with_stats(settings=tuple(trail))
 
 
 def _seconds(*plans) -> float | None:
@@ -186,12 +186,6 @@ def plan_within_budget(search: Search, setting, failure, record=None, beat=None,
                       "step_s": None if found is None else found.cost.total_s,
                       "plan_s": time.perf_counter() - started, "stage_s": stages})
     return found, failure, outcome.startswith("cannot beat")
-
-
-def with_settings(plan: Plan, trail: list[dict]) -> Plan:
-    """``plan`` with the settings tried to find it (``PlanStats.settings``)."""
-    return dataclasses.replace(plan, stats=dataclasses.replace(plan.stats,
-                                                               settings=tuple(trail)))
 
 
 def describe(setting: Microbatching | None) -> str:
@@ -248,7 +242,7 @@ def plan_with_pipeline(search: Search):
         if failure is not None:
             raise failure
         raise InputError(f"no layer stack of the marked loss pipelines over {axes}")
-    return with_settings(best, trail)
+    return best.with_stats(settings=tuple(trail))
 
 
 def circular_repeats(layers: int, stages: int, microbatches: int) -> list[int]:

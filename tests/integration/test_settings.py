@@ -11,7 +11,7 @@ import pytest
 import autoshard
 from autoshard.errors import MemoryBudgetError
 from autoshard.planning.options import PlanOptions
-from autoshard.planning.plan import ArgumentInfo, PlanCost, PlanStats
+from autoshard.planning.plan import ArgumentInfo, Plan, PlanCost, PlanStats
 from autoshard.planning.settings import plan_settings, replica_candidates
 from autoshard.rewrite.accumulate import active_setting
 from autoshard.solver.solve import CannotBeat
@@ -37,6 +37,7 @@ class StubPlan:
     stats: PlanStats
     arguments: tuple
     microbatching: object = None
+    with_stats = Plan.with_stats
 
 
 class StubPlanner:
