@@ -1,35 +1,41 @@
 """Random programs (autoshard.testing.fuzz): each plans, runs and matches jax.jit of the
 unsharded function; a clean error only where the input has no plan."""
 
+import json
+import os
+import subprocess
+import sys
+
+import fuzz_campaign
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, note, settings
-from hypothesis import strategies as st
 
 from autoshard.testing import fuzz
 
 PROGRAMS = 300
+CAMPAIGN_TIMEOUT_S = 1800
 
 
 @pytest.fixture(scope="module")
-def campaign():
-    """The outcomes of PROGRAMS generated programs; a crash, a wrong number or a hang
-    stops the campaign there, shrunk to its smallest program."""
-    outcomes = []
-
-    @settings(max_examples=PROGRAMS, derandomize=True, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))
-    @given(st.data())
-    def one_program(data):
-        case = fuzz.generate(fuzz.HypothesisDraw(data))
-        outcome = fuzz.check(case)
-        note(case.reproducer())
-        outcomes.append(outcome)
-        assert not outcome.failed or outcome.kind == "over_budget", \
-            f"{outcome.kind}: {outcome.detail}"
-
-    one_program()
+def campaign(tmp_path_factory):
+    """The outcomes of PROGRAMS generated programs (tests/integration/fuzz_campaign.py),
+    checked in a process of their own: one that XLA aborts fails here with its reproducer
+    rather than taking the test worker down."""
+    log = tmp_path_factory.mktemp("fuzz") / "campaign.log"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
+    run = subprocess.run([sys.executable, fuzz_campaign.__file__, str(PROGRAMS), str(log)],
+                         capture_output=True, text=True, timeout=CAMPAIGN_TIMEOUT_S, env=env,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    lines = log.read_text().splitlines() if log.exists() else []
+    outcomes = [fuzz.Outcome(**json.loads(line[len(fuzz_campaign.OUTCOME):]))
+                for line in lines if line.startswith(fuzz_campaign.OUTCOME)]
+    if run.returncode:
+        last = lines[-1] if lines else ""
+        killed = (f"killed while checking:\n{json.loads(last[len(fuzz_campaign.PROGRAM):])}"
+                  if last.startswith(fuzz_campaign.PROGRAM) else "")
+        pytest.fail(f"the campaign exited {run.returncode} after {len(outcomes)} programs; "
+                    f"{killed}\n{run.stdout[-6000:]}\n{run.stderr[-6000:]}")
     return outcomes
 
 
