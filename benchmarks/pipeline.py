@@ -14,8 +14,10 @@ outside loops, predicted against compiled.
 Part 2 (``--part 70b``): a LLaMA-3-70B-shaped step (80 layers, d_model 8192, FFN 28672,
 Adam, bf16, batch 64 x 2048 tokens) planned from abstract arguments on 8x8 within 80 GB
 per device with ``microbatches="auto"`` and ``remat="auto"``: memory parts, K, the remat
-choice, predicted step time and planning time. (The zoo's GPT has a GELU MLP: two FFN
-matrices a layer where LLaMA's SwiGLU has three, so the shape holds ~56e9 parameters.)
+choice, predicted step time and planning time, with each setting's seconds by stage
+(``--unrolled``: the layers a Python list of blocks, as Hugging Face's models write
+them). (The zoo's GPT has a GELU MLP: two FFN matrices a layer where LLaMA's SwiGLU has
+three, so the shape holds ~56e9 parameters.)
 
 Part 3 (``--part unrolled``): part 1's GPT written both ways, its blocks a ``lax.scan``
 over stacked weights and a Python loop over a list of blocks (which the planner rolls into
@@ -26,6 +28,7 @@ one's, planned and compiled (``--microbatches`` fixes M; default ``"auto"``).
     python benchmarks/pipeline.py                 # parts 1 and 2, each in its own process
     python benchmarks/pipeline.py --part gpt --layers 8 --d-model 2048
     python benchmarks/pipeline.py --part unrolled
+    python benchmarks/pipeline.py --part 70b --unrolled
 """
 
 from __future__ import annotations
@@ -226,11 +229,13 @@ def llama_part(args) -> None:
     from autoshard.zoo.models import gpt
 
     cfg = gpt.GPTConfig(vocab=128256, seq=2048, d_model=8192, heads=64, layers=80,
-                        d_ff=28672, batch=64, dtype="bfloat16", lr=3e-4, scan_layers=True)
+                        d_ff=28672, batch=64, dtype="bfloat16", lr=3e-4,
+                        scan_layers=not args.unrolled)
     case = gpt.train_case(config=cfg, abstract=True)
     mesh = autoshard.make_mesh((8, 8), ("data", "model"))
     hw = hardware(autoshard)
-    print(f"LLaMA-3-70B shape: {cfg.layers} layers, d_model {cfg.d_model}, FFN {cfg.d_ff}, "
+    print(f"LLaMA-3-70B shape: {cfg.layers} {'unrolled' if args.unrolled else 'scanned'} "
+          f"layers, d_model {cfg.d_model}, FFN {cfg.d_ff}, "
           f"batch {cfg.batch} x {cfg.seq}, bf16, Adam; {cfg.param_count() / 1e9:.1f}e9 "
           f"params (GELU MLP); mesh 8x8, budget 80 GB per device")
     started, cpu_started = time.perf_counter(), time.process_time()
@@ -312,6 +317,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--microbatches", default="auto",
                         help="pipeline microbatches in part 3: a count, or auto")
+    parser.add_argument("--unrolled", action="store_true",
+                        help="part 2's layers as a Python list of blocks, not a scan")
     args = parser.parse_args()
     if args.part == "all":   # each part needs its own device count before JAX starts
         for part in ("gpt", "70b"):
