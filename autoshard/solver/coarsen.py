@@ -47,6 +47,8 @@ if TYPE_CHECKING:   # the cost stage's graph, read by attribute: the solver impo
     from autoshard.cost import CostGraph
 
 REFINE_ROUNDS = 4
+JOINS = frozenset({"stack", "concatenate"})   # operands that are pieces of the result
+PARTS = frozenset({"unstack", "split"})       # results that are pieces of the operand
 PERIOD = 2   # copies alternate between this many classes: Megatron pairs column and row
 
 
@@ -105,12 +107,24 @@ def initial_colours(cg: CostGraph, request: Request, keys: list[int]) -> list[in
             for g, members in enumerate(cg.groups)]
 
 
+def interchangeable(primitive: str, shapes, pieces: frozenset) -> bool:
+    """Whether a node's operands (or results) are pieces of one array, all alike: a
+    stack's layers, a concatenation's equal parts (``pieces`` names such primitives)."""
+    return primitive in pieces and len(set(shapes)) == 1
+
+
 def group_links(cg: CostGraph, keys: list[int]) -> tuple[list[list], list[list]]:
     """Per group, its (label, neighbour) pairs into and out of it. A label says which kind
     of node's which result feeds which kind of node's which operand; it names nodes by
     kind, not by place in their group, because one group may span every layer (the
-    residual stream follows its adds from the embedding to the head)."""
+    residual stream follows its adds from the embedding to the head). Pieces of one array
+    that are alike (the layers a stack joins or an unstack parts) are not told apart by
+    their place, so that each layer's copy of what reads or makes them (its optimizer
+    update) falls in one class."""
     graph = cg.space.graph
+    joined = [interchangeable(n.primitive, n.operand_shapes, JOINS) for n in graph.nodes]
+    parted = [interchangeable(n.primitive, [graph.values[v].shape for v in n.outputs], PARTS)
+              for n in graph.nodes]
     ins = [[] for _ in cg.groups]
     outs = [[] for _ in cg.groups]
     for node in graph.nodes:
@@ -122,7 +136,8 @@ def group_links(cg: CostGraph, keys: list[int]) -> tuple[list[list], list[list]]
             gu = cg.group_of_node[value.producer]
             if gu == gv:
                 continue
-            label = (keys[value.producer], value.index, keys[node.id], i)
+            label = (keys[value.producer], 0 if parted[value.producer] else value.index,
+                     keys[node.id], 0 if joined[node.id] else i)
             ins[gv].append((label, gu))
             outs[gu].append((label, gv))
     return ins, outs

@@ -12,6 +12,7 @@ import itertools
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -140,6 +141,39 @@ def test_reuse_solves_repeated_layers_once(four_layers, mesh_2d):
         layer_specs = {reused.argument(f"params['layers'][{i}]['{leaf}']").spec
                        for i in range(1, 3)}
         assert len(layer_specs) == 1
+
+
+def stacked_layers_step(layers, x):
+    """Plain JAX as a list of layers is often written: the list stacked inside the loss
+    for a scan, each layer's weight updated from its slice of the gradient."""
+    def loss(layers):
+        def body(h, w):
+            return jnp.tanh(h @ w), None
+        h, _ = jax.lax.scan(body, x, jnp.stack(layers))
+        return jnp.sum(h ** 2)
+    grads = jax.grad(loss)(layers)
+    return [w - 0.1 * g * (1 + jnp.abs(g)) for w, g in zip(layers, grads)]
+
+
+def test_layers_stacked_in_the_step_are_solved_once(mesh_2d):
+    # the stack's operands and the unstacked gradient's parts are alike: each layer's
+    # update is a copy of the others', however many layers the list has
+    solved = {}
+    for count in (4, 8, 16):
+        layers = [jax.ShapeDtypeStruct((64, 64), jnp.float32)] * count
+        x = jax.ShapeDtypeStruct((32, 64), jnp.float32)
+        plan = autoshard.plan(stacked_layers_step, layers, x, mesh=mesh_2d, hardware=SLOW,
+                              cache=False)
+        assert plan.stats.solved_groups < plan.stats.groups
+        solved[count] = plan.stats.solved_groups
+    assert solved[4] == solved[8] == solved[16]
+    keys = jax.random.split(jax.random.key(0), 9)
+    layers = [jax.random.normal(k, (64, 64)) / 8 for k in keys[:8]]
+    x = jax.random.normal(keys[8], (32, 64))
+    plan = autoshard.plan(stacked_layers_step, layers, x, mesh=mesh_2d, hardware=SLOW,
+                          cache=False)
+    for e, g in zip(jax.jit(stacked_layers_step)(layers, x), plan.jit()(layers, x)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow
