@@ -221,6 +221,65 @@ def test_batch_grouped_conv_splits_its_contraction_only_over_every_axis(mesh_2d)
             assert used == {"data", "model"}, s.name
 
 
+
+DILATED_KERNEL_GRADIENT = """
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import jax, jax.numpy as jnp, numpy as np
+from jax import lax
+from jax.sharding import PartitionSpec as P
+import autoshard
+
+def loss(x, k):
+    y = lax.conv_general_dilated(x, k, (1, 1), ((2, 2), (2, 0)), lhs_dilation=(1, 2),
+                                 rhs_dilation=(2, 1), feature_group_count=2,
+                                 dimension_numbers=("NCHW", "OIHW", "NCHW"))
+    return jnp.sum(y ** 2)
+
+grad = jax.grad(loss, argnums=1)
+rng = np.random.default_rng(0)
+x = rng.standard_normal((4, 8, 6, 4)).astype(np.float32)
+k = rng.standard_normal((2, 4, 3, 2)).astype(np.float32)
+mesh = autoshard.make_mesh((2, 4), ("x", "y"))
+hw = autoshard.Hardware(flops=1e6, hbm_bandwidth=1e6, memory=80e9, link_bandwidth=1e12,
+                        link_latency=1e-12)
+plan = autoshard.plan(grad, x, k, mesh=mesh, hardware=hw, cache=False, progress=False)
+np.testing.assert_allclose(plan.jit()(x, k), jax.jit(grad)(x, k), rtol=1e-4, atol=1e-4)
+print("matches")
+"""
+
+
+def test_a_batch_grouped_conv_never_scatters_its_partial_sum():
+    """Found by a random program: the kernel gradient of a dilated grouped conv (a conv
+    with ``batch_group_count``), its partial sum reduce-scattered onto the result's
+    batch dim, aborted XLA's partitioner (convolution_handler: ``new_input_batch_size %
+    new_output_batch_size``, 1 vs. 0) and the process with it. Run in a process of its
+    own, so that a regression fails here rather than killing the test worker."""
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
+    run = subprocess.run([sys.executable, "-c", DILATED_KERNEL_GRADIENT], capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert run.returncode == 0 and "matches" in run.stdout, run.stderr[-3000:]
+
+
+def test_batch_grouped_conv_strategies_hold_no_reduce_scatter(mesh_2d):
+    from autoshard.cost.strategies import build_strategies
+    from autoshard.frontend.trace import build_graph, trace_program
+    from autoshard.units import axis_sizes
+    x = np.zeros((8, 5, 3, 6), np.float32)
+    k = np.zeros((3, 2, 2, 24), np.float32)
+    grad = jax.grad(grouped_conv_loss((1, 1)), argnums=1)
+    graph = build_graph(trace_program(grad, x, k))
+    space = build_strategies(graph, axis_sizes(mesh_2d), CHEAP_LINKS)
+    convs = [n for n in graph.nodes if n.primitive == "conv_general_dilated"
+             and n.params["batch_group_count"] > 1]
+    assert convs
+    for node in convs:
+        kinds = {c.kind for s in space.strategies[node.id] for c in s.collectives}
+        assert "all-reduce" in kinds and "reduce-scatter" not in kinds
+
 FFT_PROGRAMS = {
     "rfft": ((6, 8, 5), np.float32, lambda x: jnp.abs(jnp.fft.rfft(x))),
     "fft": ((8, 8, 8), np.complex64, lambda x: jnp.abs(jnp.fft.fft(x))),
