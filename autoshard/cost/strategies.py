@@ -276,9 +276,10 @@ def reduction_variants(node, name, in_specs, out_specs, out_shapes, out_bytes, p
     variants = [Strategy(name + f" all-reduce({'+'.join(partial_axes)})", in_specs,
                          tuple(out_specs), compute_s, sum(c.seconds for c in reduces),
                          tuple(reduces), combined)]
+    # a batch-grouped conv's partial sum scattered onto its result aborts XLA's
+    # partitioner (convolution_handler: new_input_batch_size % new_output_batch_size)
     if einsum.reduce_op != "sum" or len(out_specs) != 1 or einsum.reduces_over_all_devices:
-        return variants   # a batch-grouped conv's partial sum scattered onto its result
-        # aborts XLA's partitioner (convolution_handler: new_input_batch_size % 0)
+        return variants
     # a contraction scatters over all its reduced axes at once; a reduce op all-reduces
     # over all but the last of its split dims first
     if einsum.contraction or len(per_label) == 1:

@@ -2,10 +2,10 @@
 unsharded function; a clean error only where the input has no plan."""
 
 import json
-import os
 import subprocess
 import sys
 
+import distributed_runs as runs
 import fuzz_campaign
 import jax.numpy as jnp
 import numpy as np
@@ -23,10 +23,9 @@ def campaign(tmp_path_factory):
     checked in a process of their own: one that XLA aborts fails here with its reproducer
     rather than taking the test worker down."""
     log = tmp_path_factory.mktemp("fuzz") / "campaign.log"
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
     run = subprocess.run([sys.executable, fuzz_campaign.__file__, str(PROGRAMS), str(log)],
-                         capture_output=True, text=True, timeout=CAMPAIGN_TIMEOUT_S, env=env,
-                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+                         capture_output=True, text=True, timeout=CAMPAIGN_TIMEOUT_S,
+                         env=runs.child_env(), cwd=runs.ROOT)
     lines = log.read_text().splitlines() if log.exists() else []
     outcomes = [fuzz.Outcome(**json.loads(line[len(fuzz_campaign.OUTCOME):]))
                 for line in lines if line.startswith(fuzz_campaign.OUTCOME)]

@@ -1,8 +1,11 @@
 """Programs the fuzzer (autoshard.testing.fuzz) found planned wrong, each reduced to
 the smallest case that shows it."""
 
+import subprocess
+import sys
 import warnings
 
+import distributed_runs as runs
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -199,7 +202,9 @@ def test_grouped_conv_kernel_gradient_on_a_2d_mesh(mesh_shape, strides):
     np.testing.assert_allclose(plan.jit()(x, k), jax.jit(grad)(x, k), rtol=1e-4, atol=1e-4)
 
 
-def test_batch_grouped_conv_splits_its_contraction_only_over_every_axis(mesh_2d):
+def batch_grouped_conv_strategies(mesh) -> list:
+    """(node, its strategies) for each conv with ``batch_group_count`` in the kernel
+    gradient of a grouped conv, on ``mesh``."""
     from autoshard.cost.strategies import build_strategies
     from autoshard.frontend.trace import build_graph, trace_program
     from autoshard.units import axis_sizes
@@ -207,12 +212,15 @@ def test_batch_grouped_conv_splits_its_contraction_only_over_every_axis(mesh_2d)
     k = np.zeros((3, 2, 2, 24), np.float32)
     grad = jax.grad(grouped_conv_loss((1, 1)), argnums=1)
     graph = build_graph(trace_program(grad, x, k))
-    space = build_strategies(graph, axis_sizes(mesh_2d), CHEAP_LINKS)
-    convs = [n for n in graph.nodes if n.primitive == "conv_general_dilated"
-             and n.params["batch_group_count"] > 1]
-    assert convs
-    for node in convs:
-        strategies = space.strategies[node.id]
+    space = build_strategies(graph, axis_sizes(mesh), CHEAP_LINKS)
+    found = [(n, space.strategies[n.id]) for n in graph.nodes
+             if n.primitive == "conv_general_dilated" and n.params["batch_group_count"] > 1]
+    assert found
+    return found
+
+
+def test_batch_grouped_conv_splits_its_contraction_only_over_every_axis(mesh_2d):
+    for node, strategies in batch_grouped_conv_strategies(mesh_2d):
         contracted = [s for s in strategies if s.in_specs[0][node.params[
             "dimension_numbers"].lhs_spec[1]]]
         assert contracted   # data parallel over both axes stays
@@ -221,13 +229,11 @@ def test_batch_grouped_conv_splits_its_contraction_only_over_every_axis(mesh_2d)
             assert used == {"data", "model"}, s.name
 
 
-
 DILATED_KERNEL_GRADIENT = """
 import os
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 import jax, jax.numpy as jnp, numpy as np
 from jax import lax
-from jax.sharding import PartitionSpec as P
 import autoshard
 
 def loss(x, k):
@@ -255,30 +261,16 @@ def test_a_batch_grouped_conv_never_scatters_its_partial_sum():
     batch dim, aborted XLA's partitioner (convolution_handler: ``new_input_batch_size %
     new_output_batch_size``, 1 vs. 0) and the process with it. Run in a process of its
     own, so that a regression fails here rather than killing the test worker."""
-    import os
-    import subprocess
-    import sys
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
     run = subprocess.run([sys.executable, "-c", DILATED_KERNEL_GRADIENT], capture_output=True,
-                         text=True, timeout=300, env=env)
+                         text=True, timeout=300, env=runs.child_env())
     assert run.returncode == 0 and "matches" in run.stdout, run.stderr[-3000:]
 
 
 def test_batch_grouped_conv_strategies_hold_no_reduce_scatter(mesh_2d):
-    from autoshard.cost.strategies import build_strategies
-    from autoshard.frontend.trace import build_graph, trace_program
-    from autoshard.units import axis_sizes
-    x = np.zeros((8, 5, 3, 6), np.float32)
-    k = np.zeros((3, 2, 2, 24), np.float32)
-    grad = jax.grad(grouped_conv_loss((1, 1)), argnums=1)
-    graph = build_graph(trace_program(grad, x, k))
-    space = build_strategies(graph, axis_sizes(mesh_2d), CHEAP_LINKS)
-    convs = [n for n in graph.nodes if n.primitive == "conv_general_dilated"
-             and n.params["batch_group_count"] > 1]
-    assert convs
-    for node in convs:
-        kinds = {c.kind for s in space.strategies[node.id] for c in s.collectives}
+    for _, strategies in batch_grouped_conv_strategies(mesh_2d):
+        kinds = {c.kind for s in strategies for c in s.collectives}
         assert "all-reduce" in kinds and "reduce-scatter" not in kinds
+
 
 FFT_PROGRAMS = {
     "rfft": ((6, 8, 5), np.float32, lambda x: jnp.abs(jnp.fft.rfft(x))),
