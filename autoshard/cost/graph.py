@@ -15,7 +15,13 @@ import numpy as np
 from autoshard.cost.grouping import Groups, group_nodes
 from autoshard.cost.liveness import Liveness
 from autoshard.cost.reshard import ReshardPrices, price_groups
-from autoshard.cost.shared import chained_latencies, combined_latencies, combining, share_copies
+from autoshard.cost.shared import (
+    chained_latencies,
+    combined_gather_latencies,
+    combined_latencies,
+    combining,
+    share_copies,
+)
 from autoshard.cost.strategies import StrategySpace
 from autoshard.solver.request import (
     TIEBREAK_SECONDS_PER_BYTE,
@@ -52,8 +58,9 @@ class CostGraph:
     # some copies several readers share are counted once per reader (built without
     # ``share_held_copies``)
     held_per_read: bool = False
-    # one more latency for trailing collectives that depend on like ones, paid as shared
-    # reshards are (``shared.chained_latencies``)
+    # one more latency for trailing collectives that depend on like ones
+    # (``shared.chained_latencies``), and one per computation whose inputs' all-gathers
+    # the combiner merges (``shared.combined_gather_latencies``), paid as shared reshards are
     chained_latencies: tuple[SharedEdgeCost, ...] = ()
     # node_costs split into compute, collectives and resharding inside groups (the
     # memory tiebreak, ``TIEBREAK_SECONDS_PER_BYTE`` per byte of memory_terms, aside)
@@ -145,7 +152,8 @@ def build_cost_graph(space: StrategySpace, donated: Sequence[tuple[int, int]] = 
     shared = share_copies(space, groups, prices, share_held_copies)
     costs = price_groups(graph, groups, prices, shared.paid_once)
     memory = liveness.memory(shared)
-    chained = chained_latencies(space, groups, combined)
+    chained = (chained_latencies(space, groups, combined)
+               + combined_gather_latencies(space, groups, prices))
     parts = SecondsParts(costs.compute, costs.collectives, costs.reshard,
                          latency_edges=(False,) * len(shared.reshards) + (True,) * len(chained),
                          tiebreak_seconds_per_byte=TIEBREAK_SECONDS_PER_BYTE)

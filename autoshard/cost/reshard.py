@@ -18,7 +18,7 @@ from autoshard.frontend.specs import Spec
 from autoshard.solver.request import Edge
 from autoshard.target import hardware as hwlib
 from autoshard.target.hardware import Hardware
-from autoshard.target.xla import wire_dtype
+from autoshard.target.xla import independent_gather, wire_dtype
 
 if TYPE_CHECKING:
     from autoshard.cost.graph import CostGraph
@@ -70,8 +70,27 @@ def reshard_collectives(shape: Sequence[int], dtype, src: Spec, dst: Spec,
     return tuple(out)
 
 
-def reshard_seconds(shape, dtype, src: Spec, dst: Spec, axis_sizes, hw) -> float:
-    return sum(c.seconds for c in reshard_collectives(shape, dtype, src, dst, axis_sizes, hw))
+def reshard_seconds(shape, dtype, src: Spec, dst: Spec, axis_sizes, hw,
+                    gathers_combined: bool = False) -> float:
+    """Seconds of ``reshard_collectives``; with ``gathers_combined``, less the latency of
+    its all-gathers: they join one the combiner merges, whose latency is paid aside
+    (``shared.combined_gather_latencies``)."""
+    found = reshard_collectives(shape, dtype, src, dst, axis_sizes, hw)
+    seconds = sum(c.seconds for c in found)
+    if gathers_combined:
+        seconds -= hw.link_latency * sum(c.kind == "all-gather" for c in found)
+    return seconds
+
+
+def reshard_gathers(shape, dtype, src: Spec, dst: Spec, axis_sizes, hw) -> bool:
+    """Whether resharding from ``src`` to ``dst`` all-gathers."""
+    return any(c.kind == "all-gather"
+               for c in reshard_collectives(shape, dtype, src, dst, axis_sizes, hw))
+
+
+def gathers_combined(space) -> bool:
+    """Whether the backend's combiner merges all-gathers (XLA:GPU's, not XLA:CPU's)."""
+    return "all-gather" in space.backend.combined
 
 
 # reshard seconds kept across cost graphs, per Hardware (by id, the object kept alongside
@@ -105,6 +124,7 @@ def operand_reshard_seconds(cg: CostGraph, chosen: Sequence) -> list[list[float]
     under ``chosen`` (a strategy per node, ``CostGraph.node_strategies``). Of the readers
     that share a copy (``CostGraph.shared_reads``), the first to want a spec pays for it."""
     graph, sizes, hw = cg.space.graph, cg.space.axis_sizes, cg.space.hardware
+    combines = gathers_combined(cg.space)
     sharing = cg.shared_reads
     made: set = set()
     prices: dict = {}
@@ -116,14 +136,15 @@ def operand_reshard_seconds(cg: CostGraph, chosen: Sequence) -> list[list[float]
                 continue
             value = graph.values[value_id]
             key = (value.shape, wire_dtype(value.dtype, cg.space.backend.collective_itemsize),
-                   chosen[value.producer].out_specs[value.index], wants[i])
+                   chosen[value.producer].out_specs[value.index], wants[i],
+                   combines and independent_gather(graph, node, value, cg.space.trailing))
             copy = (sharing.get((node.id, i)), wants[i])
             if copy[0] is not None and copy in made:
                 seconds.append(0.0)
                 continue
             made.add(copy)
             if key not in prices:
-                prices[key] = reshard_seconds(*key, sizes, hw)
+                prices[key] = reshard_seconds(*key[:4], sizes, hw, key[4])
             seconds.append(node.operand_weights[i] * prices[key])
         out.append(seconds)
     return out
@@ -136,6 +157,7 @@ class Pairs:
     rows: np.ndarray        # per src strategy: its distinct spec
     cols: np.ndarray        # per dst strategy: its distinct spec
     seconds: np.ndarray     # [distinct src, distinct dst]: resharding
+    gathers: np.ndarray | None   # [distinct src, distinct dst]: resharding all-gathers
     same: np.ndarray        # [distinct src, distinct dst]: the same spec
     dst_bytes: np.ndarray   # per distinct dst: bytes per device
 
@@ -166,6 +188,8 @@ class ReshardPrices:
         self.axis_sizes = space.axis_sizes
         self.axis_items = tuple(space.axis_sizes.items())
         self.collective_itemsize = space.backend.collective_itemsize
+        self.gathers_combined = gathers_combined(space)
+        self.graph, self.trailing = space.graph, space.trailing
         self.arrays = Interner()          # (shape, dtype) of values
         self.value_array = [self.arrays.number((v.shape, v.dtype)) for v in space.graph.values]
         self.spec_lists = Interner()
@@ -175,6 +199,14 @@ class ReshardPrices:
         self._pairs: dict = {}
         self._reshard_matrices: dict = {}
         self._bytes: dict = {}
+        self._gathers: dict = {}
+
+    def combines(self, node_id: int, value_id: int) -> bool:
+        """Whether the combiner merges the all-gathers resharding a value for a reader:
+        the backend combines all-gathers and they are independent of others
+        (``xla.independent_gather``)."""
+        return self.gathers_combined and independent_gather(
+            self.graph, self.graph.nodes[node_id], self.graph.values[value_id], self.trailing)
 
     def spec_list(self, specs_: tuple[Spec, ...]) -> int:
         """The number of a list of specs."""
@@ -184,55 +216,77 @@ class ReshardPrices:
         return self.reshard_by_number(self.value_array[value_id], self.specs.number(src),
                                       self.specs.number(dst))
 
-    def reshard_by_number(self, array: int, src: int, dst: int) -> float:
-        """Seconds to reshard array number ``array`` from spec number ``src`` to ``dst``."""
-        key = (array, src, dst)
+    def reshard_by_number(self, array: int, src: int, dst: int, combined: bool = False
+                          ) -> float:
+        """Seconds to reshard array number ``array`` from spec number ``src`` to ``dst``;
+        ``combined``: less its all-gathers' latency (``combines``)."""
+        key = (array, src, dst, combined)
         seconds = self._prices.get(key)
         if seconds is None:
             shape, dtype = self.arrays.items[array]
             dtype = wire_dtype(dtype, self.collective_itemsize)
             src_spec, dst_spec = self.specs.items[src], self.specs.items[dst]
-            kept_key = (shape, dtype, src_spec, dst_spec, self.axis_items)
+            kept_key = (shape, dtype, src_spec, dst_spec, self.axis_items, combined)
             seconds = self.kept_prices.get(kept_key)
             if seconds is None:
                 seconds = self.kept_prices[kept_key] = reshard_seconds(
-                    shape, dtype, src_spec, dst_spec, self.axis_sizes, self.hw)
+                    shape, dtype, src_spec, dst_spec, self.axis_sizes, self.hw, combined)
             self._prices[key] = seconds
         return seconds
 
-    def pairs(self, array: int, srcs: int, dsts: int) -> Pairs:
-        key = (array, srcs, dsts)
+    def gathers_by_number(self, array: int, src: int, dst: int) -> bool:
+        """Whether resharding array number ``array`` from spec ``src`` to ``dst`` all-gathers."""
+        key = (array, src, dst)
+        found = self._gathers.get(key)
+        if found is None:
+            shape, dtype = self.arrays.items[array]
+            found = self._gathers[key] = reshard_gathers(
+                shape, wire_dtype(dtype, self.collective_itemsize), self.specs.items[src],
+                self.specs.items[dst], self.axis_sizes, self.hw)
+        return found
+
+    def pairs(self, array: int, srcs: int, dsts: int, combined: bool = False) -> Pairs:
+        key = (array, srcs, dsts, combined)
         if key not in self._pairs:
             self._pairs[key] = self._pairs_of(array, self.spec_lists.items[srcs],
-                                              self.spec_lists.items[dsts])
+                                              self.spec_lists.items[dsts], combined)
         return self._pairs[key]
 
-    def _pairs_of(self, array: int, srcs: tuple, dsts: tuple) -> Pairs:
+    def _pairs_of(self, array: int, srcs: tuple, dsts: tuple, combined: bool) -> Pairs:
         # distinct specs in order of first appearance: the same program gives the same
         # matrices, whatever the process's hash seed
         src_keys = {s: i for i, s in enumerate(dict.fromkeys(srcs))}
         dst_keys = {d: i for i, d in enumerate(dict.fromkeys(dsts))}
         src_ids = [self.specs.number(a) for a in src_keys]
         dst_ids = [self.specs.number(b) for b in dst_keys]
-        seconds = np.array([[float(self.reshard_by_number(array, a, b)) for b in dst_ids]
-                            for a in src_ids])
+        seconds = np.array([[float(self.reshard_by_number(array, a, b, combined))
+                             for b in dst_ids] for a in src_ids])
+        gathers = np.array([[self.gathers_by_number(array, a, b) for b in dst_ids]
+                            for a in src_ids], dtype=bool) if combined else None
         shape, dtype = self.arrays.items[array]
         return Pairs(np.array([src_keys[s] for s in srcs], dtype=np.intp),
-                      np.array([dst_keys[d] for d in dsts], dtype=np.intp), seconds,
+                      np.array([dst_keys[d] for d in dsts], dtype=np.intp), seconds, gathers,
                       np.equal.outer(src_ids, dst_ids),
                       np.array([specs.per_device_bytes(shape, dtype, d, self.axis_sizes)
                                 for d in dst_keys], dtype=float))
 
-    def reshard_matrix(self, array: int, srcs: int, dsts: int) -> tuple[np.ndarray, np.ndarray]:
+    def reshard_matrix(self, array: int, srcs: int, dsts: int, combined: bool = False
+                       ) -> tuple[np.ndarray, np.ndarray]:
         """[src strategy, dst strategy] seconds, from the distinct specs on each side, and
-        its diagonal (for a value and reader in one group)."""
-        key = (array, srcs, dsts)
+        its diagonal (for a value and reader in one group); ``combined``: less the
+        latency of all-gathers the combiner merges (``combines``)."""
+        key = (array, srcs, dsts, combined)
         if key not in self._reshard_matrices:
-            pairs = self.pairs(array, srcs, dsts)
+            pairs = self.pairs(array, srcs, dsts, combined)
             matrix = pairs.seconds[np.ix_(pairs.rows, pairs.cols)]
             diagonal = np.diag(matrix).copy() if len(pairs.rows) == len(pairs.cols) else None
             self._reshard_matrices[key] = matrix, diagonal
         return self._reshard_matrices[key]
+
+    def gather_matrix(self, array: int, srcs: int, dsts: int) -> np.ndarray:
+        """[src strategy, dst strategy]: whether resharding all-gathers."""
+        pairs = self.pairs(array, srcs, dsts, True)
+        return pairs.gathers[np.ix_(pairs.rows, pairs.cols)]
 
     def per_device_bytes(self, array: int, spec_list: int) -> np.ndarray:
         key = (array, spec_list)
@@ -282,7 +336,7 @@ def price_groups(graph, groups: Groups, prices: ReshardPrices,
             gu = group_of_node[value.producer]
             matrix, diagonal = prices.reshard_matrix(
                 value_array[value_id], menus[value.producer].out_lists[value.index],
-                menus[node.id].in_lists[i])
+                menus[node.id].in_lists[i], prices.combines(node.id, value_id))
             weight = node.operand_weights[i]   # mostly 1.0, and x * 1.0 is x
             if gu == gv:
                 moved = diagonal if weight == 1.0 else diagonal * weight

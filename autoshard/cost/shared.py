@@ -107,7 +107,8 @@ class _Sharer:
             value = self.graph.values[value_id]
             copies, paid, holds = self.shared_copies(
                 self.prices.value_array[value_id], menus[value.producer].out_lists[value.index],
-                tuple(menus[n].in_lists[i] for n, i in reads), weight)
+                tuple(menus[n].in_lists[i] for n, i in reads), weight,
+                self.prices.combines(reads[0][0], value_id))
             gu = group_of_node[value.producer]
             readers = [group_of_node[n] for n, _ in reads]
             for seconds, paid_by, num_bytes in copies:
@@ -118,8 +119,10 @@ class _Sharer:
                     paid_once[read] = (value_id, weight), paid_mask, held_mask
         return SharedCopies(tuple(shared), paid_once, tuple(held), self.held_per_read)
 
-    def shared_copies(self, array: int, srcs: int, dsts: tuple[int, ...], weight: float):
-        """For an array written in spec list ``srcs`` and read in the spec lists ``dsts``:
+    def shared_copies(self, array: int, srcs: int, dsts: tuple[int, ...], weight: float,
+                      combined: bool):
+        """For an array written in spec list ``srcs`` and read in the spec lists ``dsts``
+        (``combined``: its all-gathers' latency paid aside, ``ReshardPrices.combines``):
         the copies readers may share, as (seconds, ((reader, paid[src, dst]), ...), the
         copy's bytes per device), and per reader the masks of its specs whose seconds, and
         whose bytes, the shared copies take over.
@@ -129,7 +132,7 @@ class _Sharer:
         spec pays its own seconds, and its copies price bytes alone, one per wanted spec;
         or, without ``share_held_copies``, each such read holds its own copy too (fewer
         copies to solve for). Cached: layers repeat them."""
-        key = (array, srcs, dsts, weight)
+        key = (array, srcs, dsts, weight, combined)
         if key in self._shared_copies:
             return self._shared_copies[key]
         src_specs = self.groups.spec_lists[srcs]
@@ -140,7 +143,8 @@ class _Sharer:
                 readers_of.setdefault(spec, []).append(r)
         common = {spec: readers for spec, readers in readers_of.items() if len(readers) > 1}
         shape, dtype = self.prices.arrays.items[array]
-        prices = {dst: self.copy_prices(array, src_specs, dst, weight) for dst in common}
+        prices = {dst: self.copy_prices(array, src_specs, dst, weight, combined)
+                  for dst in common}
         paid_specs, count = set(), 0
         for dst in sorted(common, key=lambda d: -len(common[d])):   # stable: first seen first
             if count + len(prices[dst]) <= MAX_SHARED_COPIES:
@@ -168,7 +172,8 @@ class _Sharer:
         self._shared_copies[key] = found
         return found
 
-    def copy_prices(self, array: int, src_specs: tuple, dst, weight: float) -> dict:
+    def copy_prices(self, array: int, src_specs: tuple, dst, weight: float,
+                    combined: bool) -> dict:
         """Per price of a copy into ``dst`` (times ``weight``), the sources it costs that
         from: those share one entry, since the producer writes one spec and at most one
         of them is paid."""
@@ -176,7 +181,7 @@ class _Sharer:
         prices = self.prices
         for src in dict.fromkeys(src_specs):
             seconds = weight * prices.reshard_by_number(array, prices.specs.number(src),
-                                                        prices.specs.number(dst))
+                                                        prices.specs.number(dst), combined)
             if seconds > 0:
                 from_src = np.array([spec == src for spec in src_specs])
                 by_seconds[seconds] = by_seconds.get(seconds, False) | from_src
@@ -228,6 +233,36 @@ def combined_latencies(space, groups: Groups, combined: Combining) -> tuple[Shar
                 members.setdefault((kind, axes, scope, seconds), set()).add((g, s))
     return tuple(SharedCost(key[3], tuple(sorted(m)))
                  for key, m in sorted(members.items(), key=lambda item: repr(item[0])))
+
+
+def combined_gather_latencies(space, groups: Groups, prices: ReshardPrices
+                              ) -> tuple[SharedEdgeCost, ...]:
+    """Per computation (per loop body, once per iteration), one latency for the
+    all-gathers resharding its inputs and one for those its trailing nodes read, where
+    the backend's combiner merges each into one (``ReshardPrices.combines``; their
+    reshards are priced without it): paid if any such read picks a pair of specs that
+    all-gathers."""
+    if not prices.gathers_combined:
+        return ()
+    graph, menus, group_of_node = space.graph, groups.menus, groups.group_of_node
+    members: dict[tuple, dict] = {}
+    for node in graph.nodes:
+        for i, value_id in enumerate(node.operands):
+            if value_id is None or not prices.combines(node.id, value_id):
+                continue
+            value = graph.values[value_id]
+            gathers = prices.gather_matrix(prices.value_array[value_id],
+                                           menus[value.producer].out_lists[value.index],
+                                           menus[node.id].in_lists[i])
+            if not gathers.any():
+                continue
+            key = (loop_scope(node), bool(space.trailing[node.id]),
+                   space.hardware.link_latency * node.operand_weights[i])
+            pairs = members.setdefault(key, {})
+            gu, gv = group_of_node[value.producer], group_of_node[node.id]
+            pairs[gu, gv] = pairs[gu, gv] | gathers if (gu, gv) in pairs else gathers
+    return tuple(SharedEdgeCost(key[2], tuple((u, v, paid) for (u, v), paid in pairs.items()))
+                 for key, pairs in sorted(members.items(), key=lambda item: repr(item[0])))
 
 
 def makes(space, groups: Groups, node_id: int, collective: tuple) -> np.ndarray:

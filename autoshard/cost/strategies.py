@@ -248,6 +248,16 @@ def slice_copy_seconds(node: Node, out_shapes, in_bytes_each, out_bytes, hw: Har
     return hw.compute_seconds(0.0, copies * slice_bytes) * length * runs
 
 
+def concatenation(combined, num_bytes: float, node, ctx) -> float:
+    """Seconds a backend that concatenates a combined all-reduce's operands into one
+    buffer (``Backend.concatenated_all_reduce``) spends copying this node's share in:
+    its bytes read and written once per combined all-reduce it joins."""
+    if not ctx.backend.concatenated_all_reduce:
+        return 0.0
+    joins = sum(kind == "all-reduce" for kind, _ in combined)
+    return ctx.hardware.compute_seconds(0.0, 2 * num_bytes * joins) * node.weight
+
+
 def reduction_variants(node, name, in_specs, out_specs, out_shapes, out_bytes, partial_axes,
                        per_label, compute_s, einsum: Einsum, ctx) -> list[Strategy]:
     """A split contraction: all-reduce the partial result, or reduce-scatter it onto a dim.
@@ -273,9 +283,10 @@ def reduction_variants(node, name, in_specs, out_specs, out_shapes, out_bytes, p
         seconds, joins = priced("all-reduce", hwlib.all_reduce_seconds, axes)
         reduces.append(Collective("all-reduce", axes, num_bytes, seconds))
         combined += joins
+    copied = concatenation(combined, num_bytes, node, ctx)
     variants = [Strategy(name + f" all-reduce({'+'.join(partial_axes)})", in_specs,
-                         tuple(out_specs), compute_s, sum(c.seconds for c in reduces),
-                         tuple(reduces), combined)]
+                         tuple(out_specs), compute_s + copied,
+                         sum(c.seconds for c in reduces), tuple(reduces), combined)]
     # a batch-grouped conv's partial sum scattered onto its result aborts XLA's
     # partitioner (convolution_handler: new_input_batch_size % new_output_batch_size)
     if einsum.reduce_op != "sum" or len(out_specs) != 1 or einsum.reduces_over_all_devices:

@@ -177,13 +177,16 @@ class Backend:
     ``contraction_itemsize``: the bytes per element its dots and convolutions run
     narrower floats at (CPU XLA runs them in f32, so what they read and write is stored
     in f32: ``xla.stored_widening``; 0: the dtype's own). ``native_reduce_scatter``:
-    whether XLA forms reduce-scatter (CPU all-reduces and keeps a slice)."""
+    whether XLA forms reduce-scatter (CPU all-reduces and keeps a slice).
+    ``concatenated_all_reduce``: whether XLA copies a combined all-reduce's operands
+    into one buffer first (GPU: ``xla.concatenates_combined_all_reduces``)."""
 
     platform: str
     combined: tuple[str, ...]
     collective_itemsize: int
     native_reduce_scatter: bool
     contraction_itemsize: int = 0
+    concatenated_all_reduce: bool = False
 
     def combined_as(self, kind: str, trailing: bool = False) -> str | None:
         """The kind XLA's combiner merges a collective of ``kind`` into, None where it
@@ -206,10 +209,13 @@ class Backend:
         """The backend ``mesh``'s devices run on."""
         platform = mesh.devices.flat[0].platform
         family = "gpu" if platform in ("cuda", "rocm") else platform
+        from autoshard.target.xla import concatenates_combined_all_reduces
         return cls(platform=family, combined=COMBINED_COLLECTIVES.get(family, ()),
                    collective_itemsize=4 if family == "cpu" else 0,
                    native_reduce_scatter=family != "cpu",
-                   contraction_itemsize=4 if family == "cpu" else 0)
+                   contraction_itemsize=4 if family == "cpu" else 0,
+                   concatenated_all_reduce=family == "gpu" and concatenates_combined_all_reduces(
+                       mesh.devices.flat))
 
 
 def _reported_memory(device, hw: Hardware) -> float:

@@ -67,6 +67,35 @@ def cpu_contraction_itemsize() -> int:
     return 4 if "f32[64,64]" in text else 0
 
 
+def concatenates_combined_all_reduces(devices) -> bool:
+    """Whether XLA on ``devices`` copies the operands of a combined all-reduce into one
+    buffer before reducing it (XLA:GPU's combiner concatenates them; XLA:CPU's passes
+    them as a tuple): each combined all-reduce then reads and writes its bytes once
+    more. Read from two partial sums compiled for two of the devices; False on one."""
+    devices = tuple(devices)
+    return len(devices) > 1 and _concatenates_combined_all_reduces(devices[:2])
+
+
+@functools.cache
+def _concatenates_combined_all_reduces(devices: tuple) -> bool:
+    import re
+
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(devices), ("d",))
+    cols, rows = (NamedSharding(mesh, PartitionSpec(*spec)) for spec in ((None, "d"), ("d",)))
+    two_sums = jax.jit(lambda x, w, y, v: (x @ w, y @ v), in_shardings=(cols, rows) * 2,
+                       out_shardings=NamedSharding(mesh, PartitionSpec()))
+    square = jax.ShapeDtypeStruct((64, 64), np.float32)
+    text = two_sums.lower(*[square] * 4).compile().as_text()
+    found = re.search(r"all-reduce(?:-start)?\((%[\w.-]+)", text)
+    if found is None:
+        return False
+    made = re.search(rf"^\s*{re.escape(found.group(1))} = .*$", text, re.MULTILINE)
+    return made is not None and "concatenate" in made.group(0)
+
+
 # -- the width a backend moves and stores narrow floats at -----------------------------
 
 def widening(dtype, itemsize: int) -> float:
@@ -450,6 +479,21 @@ def loop_scope(node: Node) -> tuple:
         if key[i] == "body":
             return key[:i + 1]
     return ()
+
+
+def independent_gather(graph: Graph, reader: Node, value, trailing: Sequence[bool]) -> bool:
+    """Whether all-gathers resharding ``value`` for ``reader`` depend on no other
+    reshard's all-gather of their computation, nor any on them: ``value`` is an input of
+    the computation (an argument of the step, or a loop body's constant or its slice of
+    a stacked operand: a weight FSDP gathers for its layer), or ``reader`` is a trailing
+    node (``trailing_nodes``: an updated weight ZeRO-1 gathers, which no contraction
+    reads after). A backend whose combiner merges all-gathers (XLA:GPU's) merges those
+    of one computation's inputs into one, and those of its trailing nodes into another,
+    paying each latency once per run of the computation
+    (``cost.shared.combined_gather_latencies``)."""
+    producer = graph.nodes[value.producer]
+    return (bool(trailing[reader.id]) or producer.kind == "arg"
+            or producer.primitive in ("loop_const", "loop_xs"))
 
 
 def trailing_nodes(graph: Graph, einsums) -> list[bool]:
