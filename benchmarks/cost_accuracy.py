@@ -37,7 +37,7 @@ from autoshard.units import axis_sizes  # noqa: E402
 from autoshard.zoo import experts, models
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from plan_quality import hardware_for, mesh_for  # noqa: E402
+from plan_quality import add_target_argument, hardware_for, mesh_for  # noqa: E402
 
 
 class CorpusProgram:
@@ -173,8 +173,9 @@ def term_lines(m: Measured) -> list[str]:
     return lines
 
 
-def measure(program: str, case, mesh_name: str, num_random: int) -> list[Measured]:
-    mesh, hw = mesh_for(mesh_name), hardware_for(mesh_name)
+def measure(program: str, case, mesh_name: str, num_random: int, target: str = "cpu"
+            ) -> list[Measured]:
+    mesh, hw = mesh_for(mesh_name, target), hardware_for(mesh_name, target)
     args = case.abstract_args()
     out = []
     for layout, pins in layouts(case, mesh, num_random).items():
@@ -226,6 +227,7 @@ def main(argv=None) -> int:
     parser.add_argument("--meshes", default="8,2x4,8x2")
     parser.add_argument("--random", type=int, default=20, help="random pinned plans")
     parser.add_argument("--worst", type=int, default=3, help="offenders named per group")
+    add_target_argument(parser)
     args = parser.parse_args(argv)
     print(f"{'program':10} {'mesh':4} {'layout':16} {'pred ms':>9} {'comp ms':>9} {'err':>8}")
     rows = []
@@ -233,7 +235,7 @@ def main(argv=None) -> int:
         case = PROGRAMS[program]()
         for mesh_name in args.meshes.split(","):
             started = time.perf_counter()
-            rows += measure(program, case, mesh_name, args.random)
+            rows += measure(program, case, mesh_name, args.random, args.target)
             print(f"  {program} on {mesh_name}: {time.perf_counter() - started:.1f}s",
                   file=sys.stderr, flush=True)
     summarize(rows, args.worst)

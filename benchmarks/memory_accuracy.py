@@ -32,7 +32,7 @@ from autoshard.report.hlo_report import buffer_bytes  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cost_accuracy import PROGRAMS, by_program_and_mesh  # noqa: E402
-from plan_quality import hardware_for, mesh_for  # noqa: E402
+from plan_quality import add_target_argument, hardware_for, mesh_for  # noqa: E402
 
 MIB = 2 ** 20
 
@@ -60,8 +60,8 @@ def layouts(case, mesh) -> dict:
     return {"auto": None, **{name: fn(mesh) for name, fn in case.experts.items()}}
 
 
-def measure(program: str, case, mesh_name: str) -> list[Measured]:
-    mesh, hw = mesh_for(mesh_name), hardware_for(mesh_name)
+def measure(program: str, case, mesh_name: str, target: str = "cpu") -> list[Measured]:
+    mesh, hw = mesh_for(mesh_name, target), hardware_for(mesh_name, target)
     args = case.abstract_args()
     rows = []
     for layout, pins in layouts(case, mesh).items():
@@ -96,6 +96,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--programs", default=",".join(PROGRAMS))
     parser.add_argument("--meshes", default="8,2x4")
+    add_target_argument(parser)
     args = parser.parse_args(argv)
     print(f"{'program':10} {'mesh':4} {'layout':16} {'pred MiB':>9} {'live MiB':>9} "
           f"{'alloc MiB':>9} {'pred/live':>8} {'packing':>8}")
@@ -103,7 +104,7 @@ def main(argv=None) -> int:
     for program in args.programs.split(","):
         case = PROGRAMS[program]()
         for mesh_name in args.meshes.split(","):
-            rows += measure(program, case, mesh_name)
+            rows += measure(program, case, mesh_name, args.target)
     summarize(rows)
     return 0
 

@@ -44,6 +44,7 @@ from jax.sharding import PartitionSpec as P
 import autoshard  # noqa: E402
 from autoshard.errors import MemoryBudgetError  # noqa: E402
 from autoshard.report.hlo_report import hlo_report  # noqa: E402
+from autoshard.target import hardware  # noqa: E402
 from autoshard.testing import plain, programs  # noqa: E402
 from autoshard.zoo import experts, models  # noqa: E402
 
@@ -53,8 +54,12 @@ MESHES = {"8": ((8,), ("data",)), "2x4": ((2, 4), ("data", "model")),
           "8x2": ((8, 2), ("data", "model"))}
 
 
-def hardware_for(mesh_name: str) -> autoshard.Hardware:
-    """An H100 node; on 8x2 (two nodes of 8) the first axis crosses the node boundary."""
+def hardware_for(mesh_name: str, target: str = "cpu") -> autoshard.Hardware:
+    """An H100 node; on 8x2 (two nodes of 8) the first axis crosses the node boundary. A
+    GPU target's mesh is priced as ``autoshard.plan`` prices it (the kind's profile, the
+    axes between hosts at the inter-node bandwidth): for H100s the same figures."""
+    if target != "cpu":
+        return hardware.default_hardware(mesh_for(mesh_name, target))
     names = MESHES[mesh_name][1]
     inter = {names[0]: INTER_NODE} if mesh_name == "8x2" else {}
     return autoshard.Hardware(flops=4.9e14, hbm_bandwidth=2.7e12, memory=80e9,
@@ -62,12 +67,22 @@ def hardware_for(mesh_name: str) -> autoshard.Hardware:
                               link_latency=1e-5)
 
 
-def mesh_for(mesh_name: str):
+def mesh_for(mesh_name: str, target: str = "cpu"):
+    """The mesh of simulated CPU devices (``target`` "cpu", compiled by XLA:CPU), or of
+    deviceless GPUs of that kind on hosts of 8 (compiled by XLA:GPU)."""
     shape, names = MESHES[mesh_name]
+    if target != "cpu":
+        return autoshard.target_mesh(target, shape, names)
     n = 1
     for s in shape:
         n *= s
     return autoshard.make_mesh(shape, names, devices=jax.devices()[:n])
+
+
+def add_target_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", default="cpu",
+                        help="cpu (simulated devices, XLA:CPU) or a GPU kind compiled for "
+                             "without one, e.g. h100 (XLA:GPU; pip install -e \".[cuda]\")")
 
 
 @dataclasses.dataclass
@@ -198,8 +213,8 @@ def compile_expert(case: Case, mesh, name: str):
     return jitted.lower(*case.args).compile()
 
 
-def run_case(case: Case, mesh_name: str) -> list[Row]:
-    mesh, hw = mesh_for(mesh_name), hardware_for(mesh_name)
+def run_case(case: Case, mesh_name: str, target: str = "cpu") -> list[Row]:
+    mesh, hw = mesh_for(mesh_name, target), hardware_for(mesh_name, target)
     rows, reports = [], {}
     for name in case.experts:
         try:
@@ -286,6 +301,7 @@ def main(argv=None) -> int:
     parser.add_argument("--cases", default=",".join(DEFAULT_CASES),
                         help=f"comma-separated, from {', '.join(CASES)}, or corpus")
     parser.add_argument("--meshes", default=",".join(MESHES))
+    add_target_argument(parser)
     parser.add_argument("--json", default=None, help="write every row to this file")
     parser.add_argument("--corpus-size", default="tiny", choices=("tiny", "small", "medium"),
                         help="size of the corpus models (autoshard.testing.corpus.SIZES)")
@@ -299,7 +315,7 @@ def main(argv=None) -> int:
         case = CASES[case_name]()
         for mesh_name in args.meshes.split(","):
             started = time.perf_counter()
-            rows += run_case(case, mesh_name)
+            rows += run_case(case, mesh_name, args.target)
             print(f"  {case.name} on {mesh_name}: {time.perf_counter() - started:.1f}s",
                   file=sys.stderr, flush=True)
     print_tables(rows)
