@@ -92,7 +92,10 @@ def test_a_data_parallel_plan_reads_gpu_async_collectives():
     """Data parallel over two hosts of 8, a batch larger than the weights (so that the
     plan reduces gradients rather than gathering the batch): XLA:GPU reduces them with
     async collectives (``reduce-scatter-start``, ``all-gather-start``, ...), which the
-    report counts with their bytes."""
+    report counts with their bytes. The plan scatters the gradients, updates each shard
+    and gathers the updated weights (cheaper than copying the gradients into one buffer
+    for a combined all-reduce); the combiner merges those all-gathers into one, and the
+    plan's communication is the compiled one's."""
     mesh = autoshard.target_mesh("h100", (16,), ("data",))
     params, x = mlp_args(batch=16384)
     plan = autoshard.plan(mlp_step, params, x, mesh=mesh,
@@ -104,6 +107,8 @@ def test_a_data_parallel_plan_reads_gpu_async_collectives():
     assert report.comm_s > 0
     moved = sum(c.num_bytes * c.count for c in report.collectives)
     assert moved >= gradient_bytes / 16   # at least each device's share of the gradients
+    assert report.count("all-gather") == 1
+    assert plan.cost.comm_s == pytest.approx(report.comm_s, rel=0.05)
 
 
 @needs_plugin
@@ -181,3 +186,21 @@ def test_a_combined_all_reduce_pays_for_concatenating_its_operands():
     assert "wrapped_concatenate" in compiled.as_text()
     assert plan.cost.comm_s == pytest.approx(report.comm_s, rel=0.05)
     assert plan.cost.total_s == pytest.approx(report.total_s, rel=0.15)
+
+
+@needs_plugin
+def test_updated_weights_gathered_after_the_update_are_priced_as_one_all_gather():
+    """Eight 4 MiB weights, data parallel over 8 H100s, replicated in and out: the plan
+    scatters the gradients, updates each shard and gathers the updated weights, as
+    ZeRO-1 does. Nothing reads those all-gathers but the step's outputs, so XLA:GPU's
+    combiner merges them (up to its threshold of bytes a merged op holds); the plan pays
+    one latency for them, and its communication is the compiled program's."""
+    mesh = autoshard.target_mesh("h100", (8,), ("data",))
+    params = [jax.ShapeDtypeStruct((1024, 1024), jnp.float32) for _ in range(8)]
+    x = jax.ShapeDtypeStruct((16384, 1024), jnp.float32)
+    plan = autoshard.plan(deep_mlp_step, params, x, mesh=mesh,
+                          pins={"params": P(), "x": P("data"), "out": P()})
+    report = hlo_report(plan.jit().lower(params, x).compile(), plan.hardware, mesh)
+    assert report.count("reduce-scatter") == 1
+    assert report.count("all-gather") < 8   # merged (into two: 28 and 4 MiB, on 0.12)
+    assert plan.cost.comm_s == pytest.approx(report.comm_s, rel=0.05)
