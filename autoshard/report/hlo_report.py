@@ -439,16 +439,31 @@ def _dot_flops(comp: Computation, inst: Instruction, contracting: Sequence[int])
 
 
 def _conv_flops(comp: Computation, inst: Instruction) -> int:
-    """2 * output elements * kernel spatial * input features per group (from the kernel)."""
-    kernel = _operand_shape(comp, inst, 1)
+    """2 * output elements * kernel spatial * input features per group (from the kernel),
+    of the forward convolution. A cuDNN backward call keeps the forward's window and
+    dim labels: its kernel and forward output are where the pass puts them
+    (``_conv_roles``)."""
     labels = inst.attrs.get("dim_labels", "")
-    if kernel is None or "_" not in labels:
+    kernel, output = _conv_roles(comp, inst)
+    if kernel is None or output is None or "_" not in labels:
         return 0
     kernel_labels = labels.split("_")[1].split("->")[0]
     spatial = math.prod(kernel.dims[i] for i, c in enumerate(kernel_labels) if c.isdigit())
     in_features = kernel.dims[kernel_labels.index("i")]
+    return 2 * output.num_elements * spatial * in_features
+
+
+def _conv_roles(comp: Computation, inst: Instruction) -> tuple[Shape | None, Shape | None]:
+    """(kernel, forward output) of a convolution: operand 1 and the result, save in
+    cuDNN's backward calls (XLA:GPU), which take (input, output gradient) and write the
+    kernel's gradient, or take (output gradient, kernel) and write the input's."""
     result = inst.shape.elements[0] if inst.shape.is_tuple else inst.shape
-    return 2 * result.num_elements * spatial * in_features
+    target = inst.attrs.get("custom_call_target", "")
+    if "BackwardFilter" in target:
+        return result, _operand_shape(comp, inst, 1)
+    if "BackwardInput" in target:
+        return _operand_shape(comp, inst, 1), _operand_shape(comp, inst, 0)
+    return _operand_shape(comp, inst, 1), result
 
 
 def _gemm_flops(comp: Computation, inst: Instruction) -> int:

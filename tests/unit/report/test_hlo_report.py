@@ -250,6 +250,14 @@ def test_convolution_flops():
     assert report.collectives == ()
 
 
+def test_cudnn_backward_convolutions_count_the_forward_flops():
+    """XLA:GPU's cuDNN calls for a conv's gradients keep the forward's window and dim
+    labels; each does the forward's work: out 4*8*8*16 elements * 3x3 window * 8 input
+    features * 2, three times (forward, kernel gradient, input gradient)."""
+    report = _snippet("gpu_convolutions.hlo")
+    assert report.flops == 3 * 2 * (4 * 8 * 8 * 16) * 9 * 8
+
+
 # ----------------------------------------------------------------------------- compiled programs
 
 
