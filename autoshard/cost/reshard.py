@@ -137,7 +137,7 @@ def operand_reshard_seconds(cg: CostGraph, chosen: Sequence) -> list[list[float]
             value = graph.values[value_id]
             key = (value.shape, wire_dtype(value.dtype, cg.space.backend.collective_itemsize),
                    chosen[value.producer].out_specs[value.index], wants[i],
-                   combines and independent_gather(graph, node, value, cg.space.trailing))
+                   combines and independent_gather(graph, value, cg.space.trailing))
             copy = (sharing.get((node.id, i)), wants[i])
             if copy[0] is not None and copy in made:
                 seconds.append(0.0)
@@ -201,12 +201,12 @@ class ReshardPrices:
         self._bytes: dict = {}
         self._gathers: dict = {}
 
-    def combines(self, node_id: int, value_id: int) -> bool:
-        """Whether the combiner merges the all-gathers resharding a value for a reader:
-        the backend combines all-gathers and they are independent of others
+    def combines(self, value_id: int) -> bool:
+        """Whether the combiner merges the all-gathers resharding a value: the backend
+        combines all-gathers and they are independent of others
         (``xla.independent_gather``)."""
         return self.gathers_combined and independent_gather(
-            self.graph, self.graph.nodes[node_id], self.graph.values[value_id], self.trailing)
+            self.graph, self.graph.values[value_id], self.trailing)
 
     def spec_list(self, specs_: tuple[Spec, ...]) -> int:
         """The number of a list of specs."""
@@ -336,7 +336,7 @@ def price_groups(graph, groups: Groups, prices: ReshardPrices,
             gu = group_of_node[value.producer]
             matrix, diagonal = prices.reshard_matrix(
                 value_array[value_id], menus[value.producer].out_lists[value.index],
-                menus[node.id].in_lists[i], prices.combines(node.id, value_id))
+                menus[node.id].in_lists[i], prices.combines(value_id))
             weight = node.operand_weights[i]   # mostly 1.0, and x * 1.0 is x
             if gu == gv:
                 moved = diagonal if weight == 1.0 else diagonal * weight

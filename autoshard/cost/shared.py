@@ -108,7 +108,7 @@ class _Sharer:
             copies, paid, holds = self.shared_copies(
                 self.prices.value_array[value_id], menus[value.producer].out_lists[value.index],
                 tuple(menus[n].in_lists[i] for n, i in reads), weight,
-                self.prices.combines(reads[0][0], value_id))
+                self.prices.combines(value_id))
             gu = group_of_node[value.producer]
             readers = [group_of_node[n] for n, _ in reads]
             for seconds, paid_by, num_bytes in copies:
@@ -248,7 +248,7 @@ def combined_gather_latencies(space, groups: Groups, prices: ReshardPrices
     members: dict[tuple, dict] = {}
     for node in graph.nodes:
         for i, value_id in enumerate(node.operands):
-            if value_id is None or not prices.combines(node.id, value_id):
+            if value_id is None or not prices.combines(value_id):
                 continue
             value = graph.values[value_id]
             gathers = prices.gather_matrix(prices.value_array[value_id],

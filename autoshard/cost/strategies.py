@@ -35,7 +35,7 @@ from autoshard.target.xla import (
     widening,
 )
 
-REPLICATED_BELOW_ELEMENTS = 1024   # arrays this small are kept whole
+REPLICATED_BELOW_ELEMENTS = 1024   # arrays this small are kept whole (value_strategies)
 MAX_STRATEGIES = 96
 
 
@@ -369,11 +369,18 @@ def regathered_scatter(node, name, in_specs, spec, compute_s, partial_axes, d, s
                     (spec,), compute_s + slice_s, ar + ag, collectives, ar_joins + ag_joins)
 
 
-def value_strategies(shape, axis_sizes, pinned: Spec | None = None) -> list[Strategy]:
-    """An argument's (or constant's) candidate specs; nothing to compute."""
+def value_strategies(shape, axis_sizes, pinned: Spec | None = None,
+                     small_whole: bool = True) -> list[Strategy]:
+    """An argument's (or constant's) candidate specs, nothing to compute: the pinned one,
+    or every spec; with ``small_whole``, an array under ``REPLICATED_BELOW_ELEMENTS``
+    only whole. That is for backends whose every all-gather pays a latency of its own
+    (XLA:CPU's): a small array split saves less than gathering it costs. Where the
+    combiner merges all-gathers (XLA:GPU's), a bias or a norm's scale split as FSDP
+    splits its weight gathers with the weight, no latency of its own, and may pay: kept
+    whole there, pinning it split would beat the unpinned plan."""
     if pinned is not None:
         candidates = [pinned]
-    elif math.prod(shape) < REPLICATED_BELOW_ELEMENTS:
+    elif small_whole and math.prod(shape) < REPLICATED_BELOW_ELEMENTS:
         candidates = [specs.replicated(len(shape))]
     else:
         candidates = list(specs.enumerate_specs(shape, axis_sizes))
@@ -502,7 +509,8 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
             scanned = pin is None and sliced_by_scan(graph, node)
             key = ("arg", out_values[0].shape, pin, scanned)
             if key not in known:
-                found = value_strategies(out_values[0].shape, axis_sizes, pin)
+                found = value_strategies(out_values[0].shape, axis_sizes, pin,
+                                         "all-gather" not in backend.combined)
                 known[key] = tuple(keep_scanned_dim_whole(found) if scanned else found)
             all_strategies.append(known[key])
             continue

@@ -71,9 +71,13 @@ def concatenates_combined_all_reduces(devices) -> bool:
     """Whether XLA on ``devices`` copies the operands of a combined all-reduce into one
     buffer before reducing it (XLA:GPU's combiner concatenates them; XLA:CPU's passes
     them as a tuple): each combined all-reduce then reads and writes its bytes once
-    more. Read from two partial sums compiled for two of the devices; False on one."""
+    more. Read from two partial sums compiled for two of the devices; False on one, and
+    where they compile nothing (devices that only describe a kind)."""
     devices = tuple(devices)
-    return len(devices) > 1 and _concatenates_combined_all_reduces(devices[:2])
+    try:
+        return len(devices) > 1 and _concatenates_combined_all_reduces(devices[:2])
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        return False
 
 
 @functools.cache
@@ -481,19 +485,22 @@ def loop_scope(node: Node) -> tuple:
     return ()
 
 
-def independent_gather(graph: Graph, reader: Node, value, trailing: Sequence[bool]) -> bool:
-    """Whether all-gathers resharding ``value`` for ``reader`` depend on no other
-    reshard's all-gather of their computation, nor any on them: ``value`` is an input of
-    the computation (an argument of the step, or a loop body's constant or its slice of
-    a stacked operand: a weight FSDP gathers for its layer), or ``reader`` is a trailing
-    node (``trailing_nodes``: an updated weight ZeRO-1 gathers, which no contraction
-    reads after). A backend whose combiner merges all-gathers (XLA:GPU's) merges those
-    of one computation's inputs into one, and those of its trailing nodes into another,
-    paying each latency once per run of the computation
-    (``cost.shared.combined_gather_latencies``)."""
+def independent_gather(graph: Graph, value, trailing: Sequence[bool]) -> bool:
+    """Whether the all-gathers resharding ``value`` depend on no other reshard's
+    all-gather of their computation, nor any on them: ``value`` is an input of the
+    computation (an argument of the step, or a loop body's constant or its slice of a
+    stacked operand: a weight FSDP gathers for its layer), or only trailing nodes read it
+    (``trailing_nodes``: an updated weight ZeRO-1 gathers, which no contraction reads
+    after). A backend whose combiner merges all-gathers (XLA:GPU's) merges those of one
+    computation's inputs into one, and those its trailing nodes read into another, paying
+    each latency once per run of the computation
+    (``cost.shared.combined_gather_latencies``). A property of the value, so that every
+    read of it, and the copy its readers share, is priced alike."""
     producer = graph.nodes[value.producer]
-    return (bool(trailing[reader.id]) or producer.kind == "arg"
-            or producer.primitive in ("loop_const", "loop_xs"))
+    if producer.kind == "arg" or producer.primitive in ("loop_const", "loop_xs"):
+        return True
+    users = graph.users[value.id]
+    return bool(users) and all(trailing[u] for u, _ in users)
 
 
 def trailing_nodes(graph: Graph, einsums) -> list[bool]:

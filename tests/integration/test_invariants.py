@@ -31,6 +31,7 @@ from autoshard.frontend.trace import build_graph, trace_program
 from autoshard.solver.coarsen import coarsen, drop_dominated
 from autoshard.solver.request import Touching, evaluate, evaluation, group_seconds, is_valid
 from autoshard.solver.solve import MIP_GAP, SECONDS_SCALE, _Ilp, solve
+from autoshard.target import deviceless
 from autoshard.target.hardware import Backend
 from autoshard.testing import plain
 from autoshard.units import axis_sizes
@@ -80,7 +81,8 @@ def generated_case(seed: int) -> TrainCase:
                      experts=autoshard.zoo.experts.standard_experts(abstract, shapes))
 
 
-# (case, mesh): programs on which the unpinned search once missed plans pins found
+# (case, mesh[, GPU kind]): programs on which the unpinned search once missed plans pins
+# found; those with a GPU kind are planned for deviceless GPUs of it (XLA:GPU's prices)
 CASES = {
     "plain_lm-8": (lambda: plain.lm("tiny"), (8,)),
     "plain_moe-8": (lambda: plain.moe("tiny"), (8,)),
@@ -88,6 +90,8 @@ CASES = {
     "gpt-2x4": (lambda: models.train_case("gpt", "tiny"), (2, 4)),
     "generated1-2x4": (lambda: generated_case(1), (2, 4)),
     "generated2-8": (lambda: generated_case(2), (8,)),
+    "gpt-h100-8": (lambda: models.train_case("gpt", "tiny"), (8,), "h100"),
+    "plain_lm-h100-2x4": (lambda: plain.lm("tiny"), (2, 4), "h100"),
 }
 
 
@@ -97,9 +101,18 @@ def case_of(name):
 
 
 @functools.cache
-def mesh_of(shape):
+def mesh_of(shape, kind=None):
     names = ("data", "model")[:len(shape)] if len(shape) > 1 else ("data",)
-    return autoshard.make_mesh(shape, names)
+    if kind is None:
+        return autoshard.make_mesh(shape, names)
+    if not deviceless.cuda_plugin_installed():
+        pytest.skip('GPU targets need JAX\'s CUDA plugin: pip install "autoshard[cuda]"')
+    return autoshard.target_mesh(kind, shape, names)
+
+
+def case_mesh(name):
+    """The mesh of case ``name``: simulated CPUs, or deviceless GPUs of its kind."""
+    return mesh_of(*CASES[name][1:])
 
 
 def random_pins(case, mesh, seed: int, fraction: float = 0.3) -> dict:
@@ -120,7 +133,7 @@ def random_pins(case, mesh, seed: int, fraction: float = 0.3) -> dict:
 
 def layouts(name) -> dict:
     """Every expert layout as pins (the tree form), then two random partial pins."""
-    case, mesh = case_of(name), mesh_of(CASES[name][1])
+    case, mesh = case_of(name), case_mesh(name)
     out = {expert: fn(mesh) for expert, fn in case.experts.items()}
     out.update({f"random{seed}": random_pins(case, mesh, seed) for seed in (0, 1)})
     return out
@@ -128,7 +141,7 @@ def layouts(name) -> dict:
 
 @functools.cache
 def plan_of(name, layout=None, reuse=True):
-    case, mesh = case_of(name), mesh_of(CASES[name][1])
+    case, mesh = case_of(name), case_mesh(name)
     pins = None if layout is None else layouts(name)[layout]
     return autoshard.plan(case.train_step, *case.abstract_args(), mesh=mesh, pins=pins,
                           reuse=reuse, cache=False, progress=False)
@@ -153,7 +166,7 @@ def test_reported_cost_is_objective(name):
 
 @functools.cache
 def cost_graph(name):
-    case, mesh = case_of(name), mesh_of(CASES[name][1])
+    case, mesh = case_of(name), case_mesh(name)
     graph = build_graph(trace_program(case.train_step, *case.abstract_args()))
     space = build_strategies(graph, axis_sizes(mesh), autoshard.H100, {}, Backend.of(mesh))
     # as plan() first prices it
@@ -259,7 +272,7 @@ def test_group_seconds_move_a_plan_as_evaluation_does(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["plain_lm-8", "plain_cnn-2x4", "gpt-2x4"])
+@pytest.mark.parametrize("name", ["plain_lm-8", "plain_cnn-2x4", "gpt-2x4", "gpt-h100-8"])
 def test_reuse_and_coarsening_cost_nothing(name):
     request, _, _ = solved(name)
     exact = solve(request).objective
