@@ -82,10 +82,11 @@ def reshard_seconds(shape, dtype, src: Spec, dst: Spec, axis_sizes, hw,
     return seconds
 
 
-def reshard_gathers(shape, dtype, src: Spec, dst: Spec, axis_sizes, hw) -> bool:
-    """Whether resharding from ``src`` to ``dst`` all-gathers."""
-    return any(c.kind == "all-gather"
-               for c in reshard_collectives(shape, dtype, src, dst, axis_sizes, hw))
+def reshard_gathers(shape, dtype, src: Spec, dst: Spec, axis_sizes, hw) -> frozenset:
+    """The mesh axes of each all-gather resharding from ``src`` to ``dst`` (empty: none).
+    The combiner merges only all-gathers over the same devices."""
+    return frozenset(c.axes for c in reshard_collectives(shape, dtype, src, dst, axis_sizes, hw)
+                     if c.kind == "all-gather")
 
 
 def gathers_combined(space) -> bool:
@@ -157,7 +158,7 @@ class Pairs:
     rows: np.ndarray        # per src strategy: its distinct spec
     cols: np.ndarray        # per dst strategy: its distinct spec
     seconds: np.ndarray     # [distinct src, distinct dst]: resharding
-    gathers: np.ndarray | None   # [distinct src, distinct dst]: resharding all-gathers
+    gathers: np.ndarray | None   # [distinct src, distinct dst]: all-gathers' axes (sets)
     same: np.ndarray        # [distinct src, distinct dst]: the same spec
     dst_bytes: np.ndarray   # per distinct dst: bytes per device
 
@@ -234,8 +235,9 @@ class ReshardPrices:
             self._prices[key] = seconds
         return seconds
 
-    def gathers_by_number(self, array: int, src: int, dst: int) -> bool:
-        """Whether resharding array number ``array`` from spec ``src`` to ``dst`` all-gathers."""
+    def gathers_by_number(self, array: int, src: int, dst: int) -> frozenset:
+        """The axes of the all-gathers resharding array number ``array`` from spec ``src``
+        to ``dst`` (``reshard_gathers``)."""
         key = (array, src, dst)
         found = self._gathers.get(key)
         if found is None:
@@ -261,8 +263,12 @@ class ReshardPrices:
         dst_ids = [self.specs.number(b) for b in dst_keys]
         seconds = np.array([[float(self.reshard_by_number(array, a, b, combined))
                              for b in dst_ids] for a in src_ids])
-        gathers = np.array([[self.gathers_by_number(array, a, b) for b in dst_ids]
-                            for a in src_ids], dtype=bool) if combined else None
+        gathers = None
+        if combined:
+            gathers = np.empty((len(src_ids), len(dst_ids)), dtype=object)
+            for i, a in enumerate(src_ids):
+                for j, b in enumerate(dst_ids):
+                    gathers[i, j] = self.gathers_by_number(array, a, b)
         shape, dtype = self.arrays.items[array]
         return Pairs(np.array([src_keys[s] for s in srcs], dtype=np.intp),
                       np.array([dst_keys[d] for d in dsts], dtype=np.intp), seconds, gathers,
@@ -284,7 +290,8 @@ class ReshardPrices:
         return self._reshard_matrices[key]
 
     def gather_matrix(self, array: int, srcs: int, dsts: int) -> np.ndarray:
-        """[src strategy, dst strategy]: whether resharding all-gathers."""
+        """[src strategy, dst strategy]: the axes of the all-gathers resharding takes, a
+        set per pair (``reshard_gathers``)."""
         pairs = self.pairs(array, srcs, dsts, True)
         return pairs.gathers[np.ix_(pairs.rows, pairs.cols)]
 

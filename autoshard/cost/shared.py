@@ -237,11 +237,12 @@ def combined_latencies(space, groups: Groups, combined: Combining) -> tuple[Shar
 
 def combined_gather_latencies(space, groups: Groups, prices: ReshardPrices
                               ) -> tuple[SharedEdgeCost, ...]:
-    """Per computation (per loop body, once per iteration), one latency for the
-    all-gathers resharding its inputs and one for those its trailing nodes read, where
-    the backend's combiner merges each into one (``ReshardPrices.combines``; their
+    """Per computation (per loop body, once per iteration) and mesh axes, one latency for
+    the all-gathers resharding its inputs and one for those its trailing nodes read,
+    where the backend's combiner merges each into one (``ReshardPrices.combines``; their
     reshards are priced without it): paid if any such read picks a pair of specs that
-    all-gathers."""
+    all-gathers over those axes. The combiner merges only all-gathers over the same
+    devices."""
     if not prices.gathers_combined:
         return ()
     graph, menus, group_of_node = space.graph, groups.menus, groups.group_of_node
@@ -251,17 +252,18 @@ def combined_gather_latencies(space, groups: Groups, prices: ReshardPrices
             if value_id is None or not prices.combines(value_id):
                 continue
             value = graph.values[value_id]
-            gathers = prices.gather_matrix(prices.value_array[value_id],
-                                           menus[value.producer].out_lists[value.index],
-                                           menus[node.id].in_lists[i])
-            if not gathers.any():
-                continue
-            key = (loop_scope(node), bool(space.trailing[node.id]),
-                   space.hardware.link_latency * node.operand_weights[i])
-            pairs = members.setdefault(key, {})
+            found = prices.gather_matrix(prices.value_array[value_id],
+                                         menus[value.producer].out_lists[value.index],
+                                         menus[node.id].in_lists[i])
             gu, gv = group_of_node[value.producer], group_of_node[node.id]
-            pairs[gu, gv] = pairs[gu, gv] | gathers if (gu, gv) in pairs else gathers
-    return tuple(SharedEdgeCost(key[2], tuple((u, v, paid) for (u, v), paid in pairs.items()))
+            for axes in sorted(frozenset().union(*found.ravel())):
+                gathers = np.vectorize(lambda gathered, axes=axes: axes in gathered,
+                                       otypes=[bool])(found)
+                key = (loop_scope(node), bool(space.trailing[node.id]), axes,
+                       space.hardware.link_latency * node.operand_weights[i])
+                pairs = members.setdefault(key, {})
+                pairs[gu, gv] = pairs[gu, gv] | gathers if (gu, gv) in pairs else gathers
+    return tuple(SharedEdgeCost(key[3], tuple((u, v, paid) for (u, v), paid in pairs.items()))
                  for key, pairs in sorted(members.items(), key=lambda item: repr(item[0])))
 
 
