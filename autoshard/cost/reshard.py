@@ -89,11 +89,6 @@ def reshard_gathers(shape, dtype, src: Spec, dst: Spec, axis_sizes, hw) -> froze
                      if c.kind == "all-gather")
 
 
-def gathers_combined(space) -> bool:
-    """Whether the backend's combiner merges all-gathers (XLA:GPU's, not XLA:CPU's)."""
-    return "all-gather" in space.backend.combined
-
-
 # reshard seconds kept across cost graphs, per Hardware (by id, the object kept alongside
 # so that its id stays its own): the programs a plan weighs (its pricings of copies, its
 # microbatch and remat settings) reshard arrays of the same shapes between the same specs
@@ -125,7 +120,7 @@ def operand_reshard_seconds(cg: CostGraph, chosen: Sequence) -> list[list[float]
     under ``chosen`` (a strategy per node, ``CostGraph.node_strategies``). Of the readers
     that share a copy (``CostGraph.shared_reads``), the first to want a spec pays for it."""
     graph, sizes, hw = cg.space.graph, cg.space.axis_sizes, cg.space.hardware
-    combines = gathers_combined(cg.space)
+    combines = cg.space.backend.merges_all_gathers
     sharing = cg.shared_reads
     made: set = set()
     prices: dict = {}
@@ -189,7 +184,7 @@ class ReshardPrices:
         self.axis_sizes = space.axis_sizes
         self.axis_items = tuple(space.axis_sizes.items())
         self.collective_itemsize = space.backend.collective_itemsize
-        self.gathers_combined = gathers_combined(space)
+        self.gathers_combined = space.backend.merges_all_gathers
         self.graph, self.trailing = space.graph, space.trailing
         self.arrays = Interner()          # (shape, dtype) of values
         self.value_array = [self.arrays.number((v.shape, v.dtype)) for v in space.graph.values]

@@ -510,7 +510,7 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
             key = ("arg", out_values[0].shape, pin, scanned)
             if key not in known:
                 found = value_strategies(out_values[0].shape, axis_sizes, pin,
-                                         "all-gather" not in backend.combined)
+                                         not backend.merges_all_gathers)
                 known[key] = tuple(keep_scanned_dim_whole(found) if scanned else found)
             all_strategies.append(known[key])
             continue

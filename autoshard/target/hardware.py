@@ -188,6 +188,11 @@ class Backend:
     contraction_itemsize: int = 0
     concatenated_all_reduce: bool = False
 
+    @property
+    def merges_all_gathers(self) -> bool:
+        """Whether the combiner merges all-gathers (XLA:GPU's, not XLA:CPU's)."""
+        return "all-gather" in self.combined
+
     def combined_as(self, kind: str, trailing: bool = False) -> str | None:
         """The kind XLA's combiner merges a collective of ``kind`` into, None where it
         leaves it alone. Without reduce-scatter a reduce-scatter is an all-reduce whose
