@@ -148,24 +148,29 @@ def kept_apart(eqn, decision: Decision) -> bool:
                                     for axes in spec)
 
 
-def fft_copy_axis(eqn, decision: Decision, mesh: Mesh) -> int | None:
-    """The dim along which an FFT's result is copied on XLA:CPU; None for other equations.
+def copies_fft(eqn, mesh: Mesh) -> bool:
+    """Whether an FFT's operand and result are copied on XLA:CPU (``whole_dim``).
 
-    XLA:CPU's layout assignment gives an FFT's operand the layout of its result, which
-    readers far downstream choose (an all-gather of a middle dim makes that dim the major
-    one), and its FFT thunk runs only the default layout (a RET_CHECK fails otherwise).
-    An identity gather of the result cuts that chain: XLA copies the result into the
-    layout its readers want, after the FFT. It gathers along the first dim the result's
-    spec leaves whole, so that it moves nothing between devices (the transformed last
-    dim is always whole)."""
-    if eqn.primitive.name != "fft" or mesh.devices.flat[0].platform != "cpu":
-        return None
-    spec = decision.out_specs[0] if decision.out_specs else None
-    return next(d for d in range(eqn.outvars[0].aval.ndim) if not (spec and spec[d]))
+    XLA:CPU's FFT thunk runs only the default layout (a RET_CHECK fails otherwise), and
+    its layout assignment lets an FFT take the layout of its neighbours: its operand's
+    producer (an all-gather of a middle dim makes that dim the major one), or readers far
+    downstream, which its result hands back to the operand. An identity gather on each
+    side cuts both chains: XLA copies into and out of the layouts the neighbours want."""
+    return eqn.primitive.name == "fft" and mesh.devices.flat[0].platform == "cpu"
+
+
+def whole_dim(aval, specs) -> int:
+    """The longest dim of ``aval`` its spec (the first of ``specs``) leaves whole, the last
+    on ties (an FFT's transformed last dim is always whole). A gather along it moves
+    nothing between devices, and XLA does not fold it into a bitcast, as it does a gather
+    of one element (which left an all-gather's layout on the FFT's operand)."""
+    spec = specs[0] if specs else None
+    whole = [d for d in range(aval.ndim) if not (spec and spec[d])]
+    return max(reversed(whole), key=lambda d: aval.shape[d])
 
 
 def identity_gather(x, axis: int):
-    """``x`` read through a gather of every index along ``axis`` (``fft_copy_axis``)."""
+    """``x`` read through a gather of every index along ``axis`` (``copies_fft``)."""
     return jax.numpy.take(x, jax.numpy.arange(x.shape[axis]), axis=axis, mode="clip",
                           unique_indices=True, indices_are_sorted=True)
 
@@ -200,12 +205,15 @@ class Rewriter:
             return CONTROL_FLOW_RULES[name](self, eqn, ins, key)
         decision = self.decision(key)
         ins = self.constrain_all(ins, decision.in_specs)
+        copied = copies_fft(eqn, self.mesh)
+        if copied:
+            ins = [identity_gather(ins[0], whole_dim(eqn.invars[0].aval, decision.in_specs))]
         outs = ik.bind(eqn, ins)
         if kept_apart(eqn, decision):
             outs = list(lax.optimization_barrier(outs))
-        axis = fft_copy_axis(eqn, decision, self.mesh)
-        if axis is not None:
-            outs = [identity_gather(outs[0], axis)]
+        if copied:
+            outs = [identity_gather(outs[0],
+                                    whole_dim(eqn.outvars[0].aval, decision.out_specs))]
         return self.constrain_all(outs, decision.out_specs)
 
     def seam(self, key, x, which="out"):
@@ -344,15 +352,15 @@ class JaxprWriter:
             raise Unwritten(name)
         decision = self.decision(key)
         ins = self.constrain_all(ins, decision.in_specs)
+        copied = copies_fft(eqn, self.mesh)
+        if copied:
+            ins = self.identity_gather(ins, decision.in_specs)
         outs = [jax_compat.new_var(v.aval) for v in eqn.outvars]
         self.eqns.append(eqn.replace(invars=list(ins), outvars=outs))
         if kept_apart(eqn, decision):
             outs = self.barrier(outs)
-        axis = fft_copy_axis(eqn, decision, self.mesh)
-        if axis is not None:
-            outs = self.emit(self.template(("identity_gather", axis), [outs[0].aval],
-                                           jax.jit(functools.partial(identity_gather,
-                                                                     axis=axis))), outs)
+        if copied:
+            outs = self.identity_gather(outs, decision.out_specs)
         return self.constrain_all(outs, decision.out_specs)
 
     decision = Rewriter.decision
@@ -370,6 +378,13 @@ class JaxprWriter:
         template = self.template(("barrier",), [a.aval for a in atoms],
                                  lambda *xs: lax.optimization_barrier(xs))
         return self.emit(template, atoms)
+
+    def identity_gather(self, atoms, specs) -> list:
+        """The first of ``atoms`` through ``identity_gather`` along ``whole_dim``."""
+        axis = whole_dim(atoms[0].aval, specs)
+        template = self.template(("identity_gather", axis), [atoms[0].aval],
+                                 jax.jit(functools.partial(identity_gather, axis=axis)))
+        return self.emit(template, atoms[:1])
 
     def template(self, key: tuple, avals, fn):
         """The one equation ``fn`` traces to on ``avals``: its primitive, params and

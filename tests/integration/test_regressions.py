@@ -312,6 +312,27 @@ def test_fft_runs_whatever_its_readers_split(name):
                                    err_msg=f"out pinned to {spec}")
 
 
+def test_fft_runs_whatever_its_operand_producer_splits():
+    """An all-gather before an FFT makes its gathered dim the major one, and XLA:CPU
+    passed that layout on to the FFT's operand (its thunk stopped at the RET_CHECK): the
+    gradient of a sort feeding ``fft2``, its input pinned across both axes of 4x2 (a
+    random program). A one-element identity gather on the operand was folded into a
+    bitcast, so the copy gathers along the operand's longest whole dim."""
+    from jax.sharding import PartitionSpec as P
+    mesh = autoshard.make_mesh((4, 2), ("x", "y"))
+
+    def loss(a):
+        v = jnp.sort(a, axis=2)
+        return jnp.sum(v ** 2) + jnp.sum(jnp.abs(jnp.fft.fft2(v)) ** 2)
+    fn = jax.value_and_grad(loss)
+    x = np.random.default_rng(0).standard_normal((4, 1, 16)).astype(np.float32)
+    plan = autoshard.plan(fn, x, mesh=mesh, hardware=CHEAP_LINKS,
+                          pins={"a": P("y", None, "x")}, cache=False, progress=False)
+    got, expected = plan.jit()(x), jax.jit(fn)(x)
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-4, atol=1e-3)
+
+
 def test_the_combiner_order_of_a_differentiated_loop_ends():
     """A loop's carry reads its body's result, a node after it in the graph: the walk
     that orders nodes as XLA's combiner does followed that edge back and never ended, so
