@@ -571,8 +571,8 @@ class Liveness:
             if value.id in not_temporary or not self.space.materialized[value.id]:
                 continue
             seam = graph.nodes[value.producer]
-            if seam.kind == "eqn" and value.id not in live:
-                continue  # dead code: jax.jit drops it
+            if seam.kind in ("eqn", "const") and value.id not in live:
+                continue  # dead code, or a constant only it reads: jax.jit drops it
             if seam.kind == "boundary" and not self.seam_buffer(seam, value):
                 continue  # a seam aliasing the buffer it connects
             first = (0 if from_args[value.id] and not self.loop_init(value)
