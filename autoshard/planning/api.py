@@ -46,7 +46,9 @@ log = logging.getLogger(__name__)
 def resolve_pins(pins: Mapping[str, Any] | None, graph, sizes) -> dict[int, specs.Spec]:
     """Map each pinned path (a leaf, or a prefix of leaves) to its arg node and spec."""
     resolved: dict[int, specs.Spec] = {}
-    for path, pspec in (pins or {}).items():
+    for path, pspec in pin_leaves(pins or {}):
+        if isinstance(pspec, NamedSharding):
+            pspec = pspec.spec
         if not isinstance(pspec, PartitionSpec):
             pspec = PartitionSpec(*pspec) if isinstance(pspec, (tuple, list)) else pspec
         if not isinstance(pspec, PartitionSpec):
@@ -65,6 +67,27 @@ def resolve_pins(pins: Mapping[str, Any] | None, graph, sizes) -> dict[int, spec
             shape = graph.values[graph.nodes[node_id].outputs[0]].shape
             resolved[node_id] = pin_spec(leaf_path, pspec, shape, sizes)
     return resolved
+
+
+def pin_leaves(pins: Mapping[str, Any]):
+    """(path, pin) of each pinned leaf. A dict, or a tuple or list holding
+    PartitionSpecs or NamedShardings, pins the leaves under its path by key or position
+    (None leaves one free): ``{"out": (P("data"), None)}`` pins ``out[0]``. Any other
+    tuple is a spec's entries."""
+    for path, pin in pins.items():
+        if isinstance(pin, Mapping):
+            yield from pin_leaves({f"{path}[{k!r}]": x for k, x in pin.items()
+                                   if x is not None})
+        elif _holds_pins(pin):
+            yield from pin_leaves({f"{path}[{i}]": x for i, x in enumerate(pin)
+                                   if x is not None})
+        else:
+            yield path, pin
+
+
+def _holds_pins(x) -> bool:
+    return isinstance(x, (tuple, list)) and not isinstance(x, PartitionSpec) and any(
+        isinstance(e, (PartitionSpec, NamedSharding, Mapping)) or _holds_pins(e) for e in x)
 
 
 def _is_pin_leaf(x) -> bool:
@@ -253,7 +276,8 @@ def plan(fn: Callable, *args, **keywords) -> Plan:
         peak (XLA's packing of them can take a few percent more; see docs/planning.md).
       pins: ``{"params['wq']": PartitionSpec(None, "model")}``: specs the plan must keep,
         for arguments (by path, or a path prefix for a whole subtree) and for outputs
-        (``"out"``, ``"out[0]"``, ...); or, like ``jax.jit``'s ``in_shardings``, a tuple
+        (``"out"``, ``"out[0]"``, ...), a spec or a tree of them as the path holds
+        (``{"out": (P("data"), None)}``); or, like ``jax.jit``'s ``in_shardings``, a tuple
         with one entry per argument: a pytree (or prefix) of ``PartitionSpec``,
         ``NamedSharding`` or ``None`` (left free).
       donate_argnums: arguments whose buffers the outputs may reuse.

@@ -44,6 +44,25 @@ def test_tuple_of_spec_trees_pins_each_leaf(mesh_2d):
     assert plan.in_specs == path_form.in_specs
 
 
+def test_a_path_pins_the_tree_under_it(mesh_2d):
+    """A path's pin may be a tree of specs, as the result's structure holds them: a
+    tuple of specs pinned on ``out`` was read as one spec whose entries were specs
+    ("mesh has no axis ('data', 'model')")."""
+    rows = P(("data", "model"))
+    tree = planned(mesh_2d, {"out": {"w1": rows, "w2": None}, "batch": {"x": P("data")}})
+    paths = planned(mesh_2d, {"out['w1']": rows, "batch['x']": P("data")})
+    assert tree.out_specs == paths.out_specs and tree.in_specs == paths.in_specs
+    assert tree.out_specs[0] == specs.from_partition_spec(rows, 2)
+
+    def pair(x):
+        return jnp.tanh(x), jnp.sin(x)
+    x = jax.ShapeDtypeStruct((64, 32), jnp.float32)
+    plan = autoshard.plan(pair, x, mesh=mesh_2d, pins={"out": [rows, NamedSharding(mesh_2d,
+                                                                                     rows)]},
+                          cache=False, progress=False)
+    assert plan.out_specs == (specs.from_partition_spec(rows, 2),) * 2
+
+
 def test_prefix_tree_and_named_shardings(mesh_2d):
     plan = planned(mesh_2d, (NamedSharding(mesh_2d, P()), NamedSharding(mesh_2d, P("data"))))
     for path in ("params['w1']", "params['w2']"):
