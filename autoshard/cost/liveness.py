@@ -21,7 +21,16 @@ import numpy as np
 from autoshard.cost.reshard import REDUCTIONS, Pairs
 from autoshard.frontend import specs
 from autoshard.solver.request import CopyTerm, GroupTerm, LiveRows, MemoryTerm, PairTerm
-from autoshard.target.xla import contraction, expensive, loop_scope, spreads, transposed_operands
+from autoshard.target.xla import (
+    collective_widening,
+    contraction,
+    cpu_top_k_scratch,
+    expensive,
+    loop_scope,
+    spreads,
+    transposed_operands,
+    widening,
+)
 
 if TYPE_CHECKING:
     from autoshard.cost.grouping import Groups
@@ -165,7 +174,7 @@ class Liveness:
         several (``broadcasts_kept``), or none where it is a bitcast of its operand
         (``bitcast_of_operand``)."""
         term = self.value_bytes(value.id)
-        num_bytes = term.num_bytes * self.broadcasts_kept(value)
+        num_bytes = term.num_bytes * self.broadcasts_kept(value) * self.written_wide(value)
         bitcast = self.bitcast_of_operand(value)
         if bitcast is not None:
             num_bytes = np.where(bitcast, 0.0, num_bytes)
@@ -330,15 +339,22 @@ class Liveness:
         the value's group; None when no pair of strategies copies."""
         key = (array, srcs, dsts, fused)
         if key not in self._copies:
-            self._copies[key] = self._copy_bytes(self.prices.pairs(array, srcs, dsts), fused)
+            dtype = self.prices.arrays.items[array][1]
+            wide = collective_widening(dtype, self.space.backend.collective_itemsize)
+            self._copies[key] = self._copy_bytes(self.prices.pairs(array, srcs, dsts), fused,
+                                                 wide)
         return self._copies[key]
 
     @staticmethod
-    def _copy_bytes(pairs: Pairs, fused: bool):
-        copies = ~pairs.same & (pairs.seconds > 0) if fused else ~pairs.same
+    def _copy_bytes(pairs: Pairs, fused: bool, wide: float):
+        """``copy_bytes``; a collective's result at ``wide`` times its bytes (a backend
+        whose collectives move narrow floats wider writes it so: ``collective_widening``;
+        its readers convert it back as they read it)."""
+        moved = pairs.seconds > 0
+        copies = ~pairs.same & moved if fused else ~pairs.same
         if not copies.any():
             return None
-        small = np.where(copies, pairs.dst_bytes, 0.0)
+        small = np.where(copies, pairs.dst_bytes * np.where(moved, wide, 1.0), 0.0)
         matrix = small[np.ix_(pairs.rows, pairs.cols)]
         return matrix, np.diag(matrix).copy() if len(pairs.rows) == len(pairs.cols) else None
 
@@ -375,11 +391,35 @@ class Liveness:
             return -1
         return max(node_id, self.read_at(self.graph.values[value_id], node_id))
 
+    def wide(self, node, value_id: int) -> float:
+        """How much wider than its dtype ``node`` reads or writes ``value_id`` in memory:
+        the contraction width where the backend runs the node's primitive wider
+        (``Backend.widened_contractions``); 1 for every other node."""
+        backend = self.space.backend
+        if node.primitive not in backend.widened_contractions:
+            return 1.0
+        return widening(self.graph.values[value_id].dtype, backend.contraction_itemsize)
+
+    def written_wide(self, value) -> float:
+        """How much wider than its dtype XLA writes a computed value: as wide as a
+        contraction run wider writes its result, or as one reads it (the fusion making
+        an operand converts as it writes, ``wide``); 1 for others."""
+        graph = self.graph
+        producer = graph.nodes[value.producer]
+        if producer.kind != "eqn":
+            return 1.0
+        return max([self.wide(producer, value.id)] + [
+            self.wide(graph.nodes[u], value.id) for u, _ in graph.users[value.id]])
+
     def transposed_reads(self) -> list[tuple[int, int, int]]:
-        """(value, node, operand) of the operands XLA copies into another layout first
-        (not for dead code: ``jax.jit`` drops it)."""
-        return [(node.operands[i], node.id, i) for node in self.graph.nodes if self.runs(node)
-                for i, copied in enumerate(transposed_operands(node)) if copied]
+        """(value, node, operand) of the operands XLA copies first (not for dead code:
+        ``jax.jit`` drops it): into another layout, or, for a contraction run wider, from
+        an argument or constant held narrow (a fusion writes a value wide itself)."""
+        graph = self.graph
+        return [(v, node.id, i) for node in graph.nodes if self.runs(node)
+                for i, (v, copied) in enumerate(zip(node.operands, transposed_operands(node)))
+                if copied or (v is not None and self.wide(node, v) > 1.0
+                              and graph.node_of(v).kind in ("arg", "const"))]
 
     def runs(self, node) -> bool:
         """Whether XLA runs the node: some output depends on one of its results."""
@@ -427,9 +467,38 @@ class Liveness:
         any copy (see ``copy_starts``): a weight's from the start of the program."""
         for value_id, node_id, i in transposed:
             dsts = self.groups.menus[node_id].in_lists[i]
-            num_bytes = self.prices.per_device_bytes(self.prices.value_array[value_id], dsts)
+            num_bytes = (self.prices.per_device_bytes(self.prices.value_array[value_id], dsts)
+                         * self.wide(self.graph.nodes[node_id], value_id))
             yield (GroupTerm(self.groups.group_of_node[node_id], num_bytes),
                    self.copy_starts(value_id, from_args)[node_id], node_id)
+
+    def sorts_top_k(self, node) -> bool:
+        """Whether XLA:CPU runs ``node``, a top_k, as a sort (``xla.cpu_top_k_scratch``)."""
+        if self.space.backend.platform != "cpu" or node.primitive != "top_k":
+            return False
+        return cpu_top_k_scratch(np.dtype(self.graph.values[node.operands[0]].dtype)) > 0
+
+    def packed_by_sort(self, value) -> bool:
+        """Whether an elementwise result is computed where a top_k run as a sort
+        (``sorts_top_k``), its one reader, packs its keys: never written on its own."""
+        users = self.graph.users[value.id]
+        return (self.fusible[value.producer] and len(users) == 1
+                and value.id not in self.graph.outputs
+                and self.sorts_top_k(self.graph.nodes[users[0][0]]))
+
+    def sort_buffers(self):
+        """(term, node, node) of the buffers XLA:CPU sorts in while it runs a top_k
+        (``xla.cpu_top_k_scratch``), per element of its operand in the spec it reads."""
+        for node in self.graph.nodes:
+            if not (self.sorts_top_k(node) and self.runs(node)):
+                continue
+            value = self.graph.values[node.operands[0]]
+            scratch = cpu_top_k_scratch(np.dtype(value.dtype))
+            array = self.prices.value_array[value.id]
+            num_bytes = self.prices.per_device_bytes(
+                array, self.groups.menus[node.id].in_lists[0]) / np.dtype(value.dtype).itemsize
+            yield GroupTerm(self.groups.group_of_node[node.id], num_bytes * scratch), \
+                node.id, node.id
 
     def collective_buffers(self, last_read: Sequence[int]):
         """(term, first node, last node) of the buffers a split contraction's reduction
@@ -575,6 +644,8 @@ class Liveness:
                 continue  # dead code, or a constant only it reads: jax.jit drops it
             if seam.kind == "boundary" and not self.seam_buffer(seam, value):
                 continue  # a seam aliasing the buffer it connects
+            if self.packed_by_sort(value):
+                continue  # computed in the fusion that packs a top_k's keys
             first = (0 if from_args[value.id] and not self.loop_init(value)
                      else self.written_at(seam, value))
             last = held.get(value.id, last_read[value.id]) - (value.id in in_place)
@@ -586,6 +657,7 @@ class Liveness:
         spans += states
         spans += self.collective_buffers(last_read)
         spans += self.layout_copies(from_args, transposed)
+        spans += self.sort_buffers()
         self._uncopied = Uncopied(tuple(terms), tuple(fixed), tuple(spans), tuple(from_args),
                                   frozenset(copied))
         return self._uncopied

@@ -445,6 +445,17 @@ def whole_values(graph: Graph) -> list[bool]:
     return flags
 
 
+def computed_whole(einsum: Einsum) -> Einsum:
+    """``einsum`` computed on whole operands into whole results
+    (``Backend.whole_primitives``): its readers slice what they split, and its operands
+    are gathered, as XLA's partitioner does."""
+    def whole(terms):
+        return tuple((None,) * len(t) for t in terms)
+    return dataclasses.replace(einsum, operands=whole(einsum.operands),
+                               outputs=whole(einsum.outputs), sizes={}, reduce=frozenset(),
+                               shifted=frozenset())
+
+
 def keep_whole(found: list[Strategy], whole_in: tuple[bool, ...],
                whole_out: tuple[bool, ...]) -> list[Strategy]:
     """The strategies that split no operand or result flagged whole (``whole_values``)."""
@@ -491,7 +502,10 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
             einsums.append(None)
             continue
         if signature not in rules_seen:
-            rules_seen[signature] = rule_for(node, [graph.values[v].shape for v in node.outputs])
+            einsum = rule_for(node, [graph.values[v].shape for v in node.outputs])
+            if node.primitive in backend.whole_primitives:
+                einsum = computed_whole(einsum)
+            rules_seen[signature] = einsum
         einsums.append(rules_seen[signature])
     materialized = materialized_values(graph, einsums)
     stored = stored_widening(graph, einsums, materialized, backend.contraction_itemsize)

@@ -9,7 +9,9 @@ dim holds the groups, the kernel's output features too, and the contracted
 feature-position dims (the model's batch) split as a partial sum, as in data parallel.
 XLA's partitioner all-reduces that partial sum over every device, replicas included (a
 split contraction with a mesh axis left over comes out times that axis's size), so it
-splits only where every mesh axis splits the conv.
+splits only where every mesh axis splits the conv. A grouped conv of several input
+features a group, over a window, is computed whole where XLA's partitioner computes it
+so (``xla.partitions_grouped_conv``): batch and groups alike.
 """
 
 from __future__ import annotations
@@ -17,6 +19,16 @@ from __future__ import annotations
 import math
 
 from autoshard.rules import Einsum, LabelMaker, register
+from autoshard.target.xla import partitions_grouped_conv
+
+
+def computed_whole(rhs, rhs_spec, out, out_spec, feature_groups: int) -> bool:
+    """Whether XLA's partitioner gathers a conv's operands and computes it whole: a
+    grouped conv with several input features a group, not a dot in every spatial dim
+    (``splits_groups``), where this XLA does so (``xla.partitions_grouped_conv``)."""
+    return (feature_groups > 1 and rhs[rhs_spec[1]] > 1
+            and splits_groups(rhs, rhs_spec, out, out_spec)
+            and not partitions_grouped_conv())
 
 
 def splits_groups(rhs, rhs_spec, out, out_spec) -> bool:
@@ -42,13 +54,14 @@ def conv(node, out_shapes) -> Einsum:
     rhs_t: list = [None] * len(rhs)
     out_t: list = [None] * len(out)
     reduce = set()
-    if batch_groups == 1:
+    whole = computed_whole(rhs, rhs_spec, out, out_spec, feature_groups)
+    if batch_groups == 1 and not whole:
         lhs_t[lhs_spec[0]] = out_t[out_spec[0]] = labels.new(lhs[lhs_spec[0]])
     if feature_groups == 1 and batch_groups == 1:
         rhs_t[rhs_spec[0]] = out_t[out_spec[1]] = labels.new(rhs[rhs_spec[0]])
     else:   # groups: the major factor of the grouped dims
         group = (labels.new(max(feature_groups, batch_groups), "g")
-                 if splits_groups(rhs, rhs_spec, out, out_spec) else None)
+                 if splits_groups(rhs, rhs_spec, out, out_spec) and not whole else None)
         grouped_lhs = lhs_spec[1] if feature_groups > 1 else lhs_spec[0]
         lhs_t[grouped_lhs] = rhs_t[rhs_spec[0]] = out_t[out_spec[1]] = group
     if feature_groups == 1:   # the contraction is over whole input features

@@ -179,7 +179,12 @@ class Backend:
     in f32: ``xla.stored_widening``; 0: the dtype's own). ``native_reduce_scatter``:
     whether XLA forms reduce-scatter (CPU all-reduces and keeps a slice).
     ``concatenated_all_reduce``: whether XLA copies a combined all-reduce's operands
-    into one buffer first (GPU: ``xla.concatenates_combined_all_reduces``)."""
+    into one buffer first (GPU: ``xla.concatenates_combined_all_reduces``).
+    ``widened_contractions``: the primitives XLA runs on narrow floats at
+    ``contraction_itemsize`` in memory too: each narrow operand held in memory is read
+    through a wide copy, each result written wide (CPU: ``xla.cpu_widened_contractions``).
+    ``whole_primitives``: the primitives XLA's partitioner computes whole whatever their
+    specs, gathering their operands (CPU: top_k, ``xla.cpu_partitions_top_k``)."""
 
     platform: str
     combined: tuple[str, ...]
@@ -187,6 +192,8 @@ class Backend:
     native_reduce_scatter: bool
     contraction_itemsize: int = 0
     concatenated_all_reduce: bool = False
+    widened_contractions: tuple[str, ...] = ()
+    whole_primitives: tuple[str, ...] = ()
 
     @property
     def merges_all_gathers(self) -> bool:
@@ -214,13 +221,20 @@ class Backend:
         """The backend ``mesh``'s devices run on."""
         platform = mesh.devices.flat[0].platform
         family = "gpu" if platform in ("cuda", "rocm") else platform
-        from autoshard.target.xla import concatenates_combined_all_reduces
+        from autoshard.target.xla import (
+            concatenates_combined_all_reduces,
+            cpu_partitions_top_k,
+            cpu_widened_contractions,
+        )
+        cpu = family == "cpu"
         return cls(platform=family, combined=COMBINED_COLLECTIVES.get(family, ()),
                    collective_itemsize=4 if family == "cpu" else 0,
                    native_reduce_scatter=family != "cpu",
                    contraction_itemsize=4 if family == "cpu" else 0,
                    concatenated_all_reduce=family == "gpu" and concatenates_combined_all_reduces(
-                       mesh.devices.flat))
+                       mesh.devices.flat),
+                   widened_contractions=cpu_widened_contractions() if cpu else (),
+                   whole_primitives=("top_k",) if cpu and not cpu_partitions_top_k() else ())
 
 
 def _reported_memory(device, hw: Hardware) -> float:

@@ -51,6 +51,49 @@ def partitions_fft() -> bool:
 
 
 @functools.cache
+def partitions_grouped_conv() -> bool:
+    """Whether XLA's partitioner computes a grouped convolution (more than one input
+    feature a group, a window over more than one element) on each device's block of its
+    batch. Neither jax 0.10's nor 0.12's does, on CPU or GPU: it gathers the operands
+    and computes the conv whole, whatever their specs, batch or groups split (a
+    depthwise conv, one input feature a group, splits). Read from a two-device conv
+    compiled on this process's CPUs; True where it has one CPU device."""
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    devices = jax.devices("cpu")[:2]
+    if len(devices) < 2:
+        return True
+    mesh = Mesh(np.array(devices), ("batch",))
+    rows, whole = NamedSharding(mesh, PartitionSpec("batch")), NamedSharding(mesh, PartitionSpec())
+    conv = jax.jit(lambda x, k: jax.lax.conv_general_dilated(
+        x, k, (1, 1), "SAME", feature_group_count=2, dimension_numbers=("NHWC", "HWIO", "NHWC")),
+        in_shardings=(rows, whole), out_shardings=rows)
+    text = conv.lower(jax.ShapeDtypeStruct((2, 4, 4, 4), np.float32),
+                      jax.ShapeDtypeStruct((3, 3, 2, 4), np.float32)).compile().as_text()
+    return "all-gather" not in text
+
+
+@functools.cache
+def cpu_partitions_top_k() -> bool:
+    """Whether XLA:CPU's partitioner computes a top_k on each device's block of its batch
+    dims. Neither jax 0.10's nor 0.12's does: it gathers the operand, computes the top_k
+    whole and slices the result (XLA:GPU's keeps a leading batch dim split). Read from a
+    two-device top_k compiled on this process's CPUs; True where it has one CPU device
+    (nothing to tell)."""
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    devices = jax.devices("cpu")[:2]
+    if len(devices) < 2:
+        return True
+    rows = NamedSharding(Mesh(np.array(devices), ("batch",)), PartitionSpec("batch"))
+    top = jax.jit(lambda x: jax.lax.top_k(x, 2)[0], in_shardings=rows, out_shardings=rows)
+    text = top.lower(jax.ShapeDtypeStruct((4, 16), np.float32)).compile().as_text()
+    return "all-gather" not in text
+
+
+@functools.cache
 def cpu_contraction_itemsize() -> int:
     """The bytes per element XLA:CPU runs a bf16 dot at: 4 where it converts the operands
     to f32 and writes an f32 result (jax 0.10's XLA), 0 where it runs bf16 dots at their
@@ -101,6 +144,28 @@ def _concatenates_combined_all_reduces(devices: tuple) -> bool:
 
 
 # -- the width a backend moves and stores narrow floats at -----------------------------
+
+@functools.cache
+def cpu_top_k_scratch(dtype) -> float:
+    """The bytes per operand element XLA:CPU holds while it runs a top_k of ``dtype``:
+    none where it calls its TopK kernel (f32), else those of the sort it runs instead
+    (the keys packed with their indices, then sorted: 4 to 8 bytes, by dtype and by
+    XLA). Read from the temporaries of a compiled [64, 128] top_k."""
+    import jax
+
+    top = jax.jit(lambda x: jax.lax.top_k(x, 4), backend="cpu")
+    compiled = top.lower(jax.ShapeDtypeStruct((64, 128), dtype)).compile()
+    return compiled.memory_analysis().temp_size_in_bytes / (64 * 128)
+
+
+def cpu_widened_contractions() -> tuple[str, ...]:
+    """The contractions XLA:CPU runs on narrow floats in f32, in memory as well: it
+    converts each narrow operand in memory to an f32 copy (with its layout transpose,
+    if any) and writes an f32 result its readers convert back. Convolutions on either
+    JAX; dots where it converts them (``cpu_contraction_itemsize``: jax 0.10's XLA)."""
+    dots = ("dot_general",) if cpu_contraction_itemsize() else ()
+    return ("conv_general_dilated", *dots)
+
 
 def widening(dtype, itemsize: int) -> float:
     """How much wider than ``dtype`` a backend that runs narrow floats at ``itemsize``

@@ -122,3 +122,32 @@ def test_zoo_gpt_small_under_a_tight_budget_compiles_within_it(mesh_1d):
     report = compiled_memory(plan, args, donate)
     assert report.memory_bytes <= budget
     assert plan.cost.memory_bytes == pytest.approx(report.memory_bytes, rel=TOLERANCE)
+
+
+def narrow_conv_step(x, k):
+    """A bf16 grouped convolution and its kernel's gradient, as a CNN layer's step."""
+    def loss(k):
+        y = jax.lax.conv_general_dilated(x, k, (1, 1), "SAME", feature_group_count=2,
+                                         dimension_numbers=("NCHW", "OIHW", "NCHW"))
+        return jnp.sum(jnp.square(y.astype(jnp.float32)))
+    return jax.grad(loss)(k)
+
+
+def narrow_top_k(x):
+    return jax.lax.top_k(jnp.tanh(x), 8)
+
+
+@pytest.mark.parametrize("fn, shapes, pins", [
+    (narrow_conv_step, ((16, 8, 32, 32), (16, 4, 3, 3)), {"x": P("data")}),
+    (narrow_top_k, ((64, 1024),), None),
+], ids=["conv_grad", "top_k"])
+def test_narrow_floats_held_as_xla_cpu_holds_them(fn, shapes, pins, mesh_1d):
+    """XLA:CPU convolves bf16 in f32 (an f32 copy of each operand, an f32 result), moves
+    bf16 through its collectives in f32, and runs a bf16 top_k as a sort of its keys
+    packed with their indices (the elementwise work before it computed in the packing).
+    XLA's partitioner gathers a grouped conv, batch split or not. The model held all of
+    them at the dtype's width, split, or not at all: tight budgets broke by up to 2x."""
+    args = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in shapes]
+    plan = autoshard.plan(fn, *args, mesh=mesh_1d, pins=pins, cache=False, progress=False)
+    assert plan.cost.memory_bytes == pytest.approx(compiled_memory(plan, args).memory_bytes,
+                                                   rel=TOLERANCE)

@@ -191,7 +191,26 @@ def test_ragged_dot_with_gradient(mesh_2d):
     assert_matches_one_device(plan, fn, *args)
 
 
-@pytest.mark.parametrize("name", ["sort", "argsort", "top_k", "cumsum", "cumprod", "cummax",
+def test_top_k_is_computed_whole_as_xla_cpu_computes_it(mesh_2d):
+    """XLA:CPU's partitioner gathers a top_k's rows and computes it whole, whatever its
+    specs; a plan that split the rows priced no all-gather, and no sort buffers of the
+    whole array. With the rows pinned split on both ends, the plan prices the gather
+    XLA compiles and the result equals one device's."""
+    rows = P(("data", "model"))
+
+    def fn(x):
+        return jax.lax.top_k(jnp.tanh(x) * 2.0, 4)
+    x = jax.random.normal(jax.random.key(0), (512, 64))
+    plan = autoshard.plan(fn, x, mesh=mesh_2d, pins={"x": rows, "out": [rows, rows]},
+                          cache=False, progress=False)
+    compiled = hlo_lib.hlo_report(plan.jit().lower(x).compile(), plan.hardware, mesh_2d)
+    assert compiled.count("all-gather") >= 1
+    assert plan.cost.comm_s == pytest.approx(compiled.comm_s, rel=0.05)
+    for e, g in zip(jax.tree.leaves(jax.jit(fn)(x)), jax.tree.leaves(plan.jit()(x))):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["sort", "argsort", "cumsum", "cumprod", "cummax",
                                   "fft", "rfft"])
 def test_split_on_the_other_dims(name, mesh_2d):
     """sort/top_k, cumulative ops and the fft on rows of a large array: each row is whole
@@ -199,7 +218,6 @@ def test_split_on_the_other_dims(name, mesh_2d):
     ops = {
         "sort": lambda x: jnp.sort(x, axis=-1),
         "argsort": lambda x: jnp.argsort(x, axis=-1),
-        "top_k": lambda x: jax.lax.top_k(x, 4),
         "cumsum": lambda x: jnp.cumsum(x, axis=-1),
         "cumprod": lambda x: jnp.cumprod(1.0 + x / 64, axis=-1),
         "cummax": lambda x: jax.lax.cummax(x, axis=1),
