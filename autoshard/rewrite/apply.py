@@ -169,6 +169,22 @@ def whole_dim(aval, specs) -> int:
     return max(reversed(whole), key=lambda d: aval.shape[d])
 
 
+def transforms_one_point(eqn) -> bool:
+    """Whether an FFT's transforms are of one point each: then it is elementwise
+    (``one_point_fft``), and its dims may all be of one element on a device, a layout
+    XLA:CPU's FFT thunk may refuse and no gather can copy out of (a gather of one element
+    is folded into a bitcast)."""
+    return all(n == 1 for n in eqn.params["fft_lengths"])
+
+
+def one_point_fft(x, dtype):
+    """An FFT, IFFT, RFFT or IRFFT of one point per transform: the value itself, as
+    complex (an RFFT), or its real part (an IRFFT)."""
+    if jax.numpy.issubdtype(dtype, jax.numpy.complexfloating):
+        return x.astype(dtype)
+    return jax.numpy.real(x).astype(dtype)
+
+
 def identity_gather(x, axis: int):
     """``x`` read through a gather of every index along ``axis`` (``copies_fft``)."""
     return jax.numpy.take(x, jax.numpy.arange(x.shape[axis]), axis=axis, mode="clip",
@@ -206,6 +222,9 @@ class Rewriter:
         decision = self.decision(key)
         ins = self.constrain_all(ins, decision.in_specs)
         copied = copies_fft(eqn, self.mesh)
+        if copied and transforms_one_point(eqn):
+            return self.constrain_all([one_point_fft(ins[0], eqn.outvars[0].aval.dtype)],
+                                      decision.out_specs)
         if copied:
             ins = [identity_gather(ins[0], whole_dim(eqn.invars[0].aval, decision.in_specs))]
         outs = ik.bind(eqn, ins)
@@ -353,6 +372,11 @@ class JaxprWriter:
         decision = self.decision(key)
         ins = self.constrain_all(ins, decision.in_specs)
         copied = copies_fft(eqn, self.mesh)
+        if copied and transforms_one_point(eqn):
+            dtype = eqn.outvars[0].aval.dtype
+            template = self.template(("one_point_fft", dtype), [ins[0].aval], jax.jit(
+                functools.partial(one_point_fft, dtype=dtype)))
+            return self.constrain_all(self.emit(template, ins[:1]), decision.out_specs)
         if copied:
             ins = self.identity_gather(ins, decision.in_specs)
         outs = [jax_compat.new_var(v.aval) for v in eqn.outvars]

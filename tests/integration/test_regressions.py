@@ -333,6 +333,24 @@ def test_fft_runs_whatever_its_operand_producer_splits():
         np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-4, atol=1e-3)
 
 
+def test_one_point_ffts_run_split_every_other_way():
+    """An FFT of one point per transform, its other dims split over both axes of 4x2:
+    every dim of each device's block is of one element or split, so no gather copies it
+    into the default layout, and XLA:CPU's FFT thunk stopped at its RET_CHECK (a random
+    program's rfft and irfft). Such an FFT is elementwise, and runs as such."""
+    from jax.sharding import PartitionSpec as P
+    mesh = autoshard.make_mesh((4, 2), ("x", "y"))
+    programs = {"rfft_irfft": lambda a: jnp.fft.irfft(jnp.fft.rfft(a, axis=2) * 0.5, n=1,
+                                                     axis=2),
+                "fft_ifft": lambda a: jnp.abs(jnp.fft.ifft(jnp.fft.fft(a + 1j, axis=2) * 2))}
+    x = np.random.default_rng(0).standard_normal((8, 16, 1)).astype(np.float32)
+    for name, fn in programs.items():
+        plan = autoshard.plan(fn, x, mesh=mesh, hardware=CHEAP_LINKS,
+                              pins={"a": P("x", "y", None)}, cache=False, progress=False)
+        np.testing.assert_allclose(np.asarray(plan.jit()(x)), np.asarray(jax.jit(fn)(x)),
+                                   rtol=1e-6, atol=1e-6, err_msg=name)
+
+
 def test_the_combiner_order_of_a_differentiated_loop_ends():
     """A loop's carry reads its body's result, a node after it in the graph: the walk
     that orders nodes as XLA's combiner does followed that edge back and never ended, so
