@@ -26,6 +26,7 @@ from autoshard.target.xla import (
     contraction,
     cpu_top_k_scratch,
     expensive,
+    fft_on_cpu,
     loop_scope,
     spreads,
     transposed_operands,
@@ -414,12 +415,15 @@ class Liveness:
     def transposed_reads(self) -> list[tuple[int, int, int]]:
         """(value, node, operand) of the operands XLA copies first (not for dead code:
         ``jax.jit`` drops it): into another layout, or, for a contraction run wider, from
-        an argument or constant held narrow (a fusion writes a value wide itself)."""
-        graph = self.graph
+        an argument or constant held narrow (a fusion writes a value wide itself), or read
+        by an FFT on XLA:CPU (``xla.fft_on_cpu``; a computed one is written where the copy
+        is, its work fused into it)."""
+        graph, platform = self.graph, self.space.backend.platform
         return [(v, node.id, i) for node in graph.nodes if self.runs(node)
                 for i, (v, copied) in enumerate(zip(node.operands, transposed_operands(node)))
-                if copied or (v is not None and self.wide(node, v) > 1.0
-                              and graph.node_of(v).kind in ("arg", "const"))]
+                if copied or v is not None and graph.node_of(v).kind in ("arg", "const") and (
+                    self.wide(node, v) > 1.0
+                    or fft_on_cpu(node.primitive, node.params, platform) == "copied")]
 
     def runs(self, node) -> bool:
         """Whether XLA runs the node: some output depends on one of its results."""
@@ -486,19 +490,26 @@ class Liveness:
                 and value.id not in self.graph.outputs
                 and self.sorts_top_k(self.graph.nodes[users[0][0]]))
 
-    def sort_buffers(self):
-        """(term, node, node) of the buffers XLA:CPU sorts in while it runs a top_k
-        (``xla.cpu_top_k_scratch``), per element of its operand in the spec it reads."""
+    def scratch_buffers(self):
+        """(term, node, node) of the buffers a node holds while it runs and no reader
+        sees: those XLA:CPU sorts in for a top_k (``xla.cpu_top_k_scratch``), per element
+        of its operand in the spec it reads; an FFT's own result before its copy out
+        (``xla.fft_on_cpu``), which elementwise readers make as they read it."""
+        platform = self.space.backend.platform
         for node in self.graph.nodes:
-            if not (self.sorts_top_k(node) and self.runs(node)):
+            if not self.runs(node):
                 continue
-            value = self.graph.values[node.operands[0]]
-            scratch = cpu_top_k_scratch(np.dtype(value.dtype))
-            array = self.prices.value_array[value.id]
-            num_bytes = self.prices.per_device_bytes(
-                array, self.groups.menus[node.id].in_lists[0]) / np.dtype(value.dtype).itemsize
-            yield GroupTerm(self.groups.group_of_node[node.id], num_bytes * scratch), \
-                node.id, node.id
+            g = self.groups.group_of_node[node.id]
+            if self.sorts_top_k(node):
+                value = self.graph.values[node.operands[0]]
+                itemsize = np.dtype(value.dtype).itemsize
+                num_bytes = self.prices.per_device_bytes(
+                    self.prices.value_array[value.id], self.groups.menus[node.id].in_lists[0])
+                yield GroupTerm(g, num_bytes * cpu_top_k_scratch(np.dtype(value.dtype))
+                                / itemsize), node.id, node.id
+            elif (fft_on_cpu(node.primitive, node.params, platform) == "copied"
+                  and not self.slices_fused(node.outputs[0])):
+                yield self.value_bytes(node.outputs[0]), node.id, node.id
 
     def collective_buffers(self, last_read: Sequence[int]):
         """(term, first node, last node) of the buffers a split contraction's reduction
@@ -657,7 +668,7 @@ class Liveness:
         spans += states
         spans += self.collective_buffers(last_read)
         spans += self.layout_copies(from_args, transposed)
-        spans += self.sort_buffers()
+        spans += self.scratch_buffers()
         self._uncopied = Uncopied(tuple(terms), tuple(fixed), tuple(spans), tuple(from_args),
                                   frozenset(copied))
         return self._uncopied

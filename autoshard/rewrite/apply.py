@@ -34,6 +34,7 @@ from autoshard.frontend.jax_compat import Literal
 from autoshard.frontend.specs import Spec
 from autoshard.frontend.trace import has_static_leaves, hold_static_leaves, release_static_leaves
 from autoshard.rules.elementwise import BINARY, NARY, UNARY
+from autoshard.target.xla import fft_on_cpu
 
 ELEMENTWISE = frozenset(UNARY + BINARY + NARY) - {"optimization_barrier", "sharding_constraint"}
 
@@ -149,14 +150,15 @@ def kept_apart(eqn, decision: Decision) -> bool:
 
 
 def copies_fft(eqn, mesh: Mesh) -> bool:
-    """Whether an FFT's operand and result are copied on XLA:CPU (``whole_dim``).
+    """Whether an FFT's operand and result are copied (``xla.fft_on_cpu``), through
+    identity gathers along ``whole_dim``."""
+    return fft_on_cpu(eqn.primitive.name, eqn.params, mesh.devices.flat[0].platform) == "copied"
 
-    XLA:CPU's FFT thunk runs only the default layout (a RET_CHECK fails otherwise), and
-    its layout assignment lets an FFT take the layout of its neighbours: its operand's
-    producer (an all-gather of a middle dim makes that dim the major one), or readers far
-    downstream, which its result hands back to the operand. An identity gather on each
-    side cuts both chains: XLA copies into and out of the layouts the neighbours want."""
-    return eqn.primitive.name == "fft" and mesh.devices.flat[0].platform == "cpu"
+
+def transforms_one_point(eqn, mesh: Mesh) -> bool:
+    """Whether an FFT runs as ``one_point_fft`` (``xla.fft_on_cpu``)."""
+    return fft_on_cpu(eqn.primitive.name, eqn.params,
+                      mesh.devices.flat[0].platform) == "elementwise"
 
 
 def whole_dim(aval, specs) -> int:
@@ -167,14 +169,6 @@ def whole_dim(aval, specs) -> int:
     spec = specs[0] if specs else None
     whole = [d for d in range(aval.ndim) if not (spec and spec[d])]
     return max(reversed(whole), key=lambda d: aval.shape[d])
-
-
-def transforms_one_point(eqn) -> bool:
-    """Whether an FFT's transforms are of one point each: then it is elementwise
-    (``one_point_fft``), and its dims may all be of one element on a device, a layout
-    XLA:CPU's FFT thunk may refuse and no gather can copy out of (a gather of one element
-    is folded into a bitcast)."""
-    return all(n == 1 for n in eqn.params["fft_lengths"])
 
 
 def one_point_fft(x, dtype):
@@ -221,10 +215,10 @@ class Rewriter:
             return CONTROL_FLOW_RULES[name](self, eqn, ins, key)
         decision = self.decision(key)
         ins = self.constrain_all(ins, decision.in_specs)
-        copied = copies_fft(eqn, self.mesh)
-        if copied and transforms_one_point(eqn):
+        if transforms_one_point(eqn, self.mesh):
             return self.constrain_all([one_point_fft(ins[0], eqn.outvars[0].aval.dtype)],
                                       decision.out_specs)
+        copied = copies_fft(eqn, self.mesh)
         if copied:
             ins = [identity_gather(ins[0], whole_dim(eqn.invars[0].aval, decision.in_specs))]
         outs = ik.bind(eqn, ins)
@@ -371,12 +365,12 @@ class JaxprWriter:
             raise Unwritten(name)
         decision = self.decision(key)
         ins = self.constrain_all(ins, decision.in_specs)
-        copied = copies_fft(eqn, self.mesh)
-        if copied and transforms_one_point(eqn):
+        if transforms_one_point(eqn, self.mesh):
             dtype = eqn.outvars[0].aval.dtype
             template = self.template(("one_point_fft", dtype), [ins[0].aval], jax.jit(
                 functools.partial(one_point_fft, dtype=dtype)))
             return self.constrain_all(self.emit(template, ins[:1]), decision.out_specs)
+        copied = copies_fft(eqn, self.mesh)
         if copied:
             ins = self.identity_gather(ins, decision.in_specs)
         outs = [jax_compat.new_var(v.aval) for v in eqn.outvars]

@@ -50,6 +50,23 @@ def partitions_fft() -> bool:
     return "c64[1,5]" in text and "c64[2,5]" not in text
 
 
+def fft_on_cpu(primitive: str, params, platform: str) -> str | None:
+    """How a plan runs an FFT on XLA:CPU (``rewrite.apply``); None for other nodes and
+    platforms.
+
+    XLA:CPU's FFT thunk runs only the default layout (a RET_CHECK fails otherwise), and
+    its layout assignment lets an FFT take the layout of its neighbours: its operand's
+    producer (an all-gather of a middle dim makes that dim the major one), or readers far
+    downstream, which its result hands back to the operand. So an FFT is "copied": its
+    operand and result through identity gathers, which XLA copies into and out of the
+    layouts the neighbours want. An FFT of one point per transform is "elementwise": it
+    is the value (as complex, or its real part), and its dims may all be of one element
+    on a device, a layout no gather copies out of (one of one element is a bitcast)."""
+    if primitive != "fft" or platform != "cpu":
+        return None
+    return "elementwise" if all(n == 1 for n in params["fft_lengths"]) else "copied"
+
+
 @functools.cache
 def partitions_grouped_conv() -> bool:
     """Whether XLA's partitioner computes a grouped convolution (more than one input

@@ -137,17 +137,23 @@ def narrow_top_k(x):
     return jax.lax.top_k(jnp.tanh(x), 8)
 
 
-@pytest.mark.parametrize("fn, shapes, pins", [
-    (narrow_conv_step, ((16, 8, 32, 32), (16, 4, 3, 3)), {"x": P("data")}),
-    (narrow_top_k, ((64, 1024),), None),
-], ids=["conv_grad", "top_k"])
-def test_narrow_floats_held_as_xla_cpu_holds_them(fn, shapes, pins, mesh_1d):
+def spectrum(x):
+    return jnp.abs(jnp.fft.rfft(jnp.tanh(x))) * 2.0
+
+
+@pytest.mark.parametrize("fn, shapes, pins, dtype", [
+    (narrow_conv_step, ((16, 8, 32, 32), (16, 4, 3, 3)), {"x": P("data")}, jnp.bfloat16),
+    (narrow_top_k, ((64, 1024),), None, jnp.bfloat16),
+    (spectrum, ((64, 1024),), {"x": P("data")}, jnp.float32),
+], ids=["conv_grad", "top_k", "fft"])
+def test_held_as_xla_cpu_holds_them(fn, shapes, pins, dtype, mesh_1d):
     """XLA:CPU convolves bf16 in f32 (an f32 copy of each operand, an f32 result), moves
     bf16 through its collectives in f32, and runs a bf16 top_k as a sort of its keys
     packed with their indices (the elementwise work before it computed in the packing).
-    XLA's partitioner gathers a grouped conv, batch split or not. The model held all of
-    them at the dtype's width, split, or not at all: tight budgets broke by up to 2x."""
-    args = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in shapes]
+    XLA's partitioner gathers a grouped conv, batch split or not. A plan copies an FFT's
+    operand and result on XLA:CPU (to keep the layout its thunk runs). The model held all
+    of them at the dtype's width, split, or not at all: tight budgets broke by up to 2x."""
+    args = [jax.ShapeDtypeStruct(s, dtype) for s in shapes]
     plan = autoshard.plan(fn, *args, mesh=mesh_1d, pins=pins, cache=False, progress=False)
     assert plan.cost.memory_bytes == pytest.approx(compiled_memory(plan, args).memory_bytes,
                                                    rel=TOLERANCE)
