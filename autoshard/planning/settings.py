@@ -93,7 +93,10 @@ def plan_with_microbatches(search: Search):
     memory floor exceeds the budget is rejected before solving, and once a plan fits,
     one that cannot beat it regardless of memory is dropped before solving under the
     budget. ``"auto"`` stops at the first K none of whose settings beats the best of
-    fewer microbatches, unless memory rejected some of them.
+    fewer microbatches, unless memory rejected some of them; then only those are tried at
+    more microbatches. A setting that cannot beat the best regardless of memory is not
+    tried again at more: splitting the batch further adds loop steps, and repeats the
+    work on weights in each, on the same compute.
     """
     microbatches = 1 if search.options.microbatches is None else search.options.microbatches
     remats = remat_choices(search.options.remat)
@@ -123,6 +126,8 @@ def plan_with_microbatches(search: Search):
         best = None
     if microbatches == 1:
         counts = []
+    outpaced_at = set()   # (axes, policy) no faster than the best at some K, regardless
+    #                       of memory: at more microbatches, no faster either
     for k in counts:
         found, outpaced, rejected = None, False, False
         for axes in candidates:
@@ -130,9 +135,13 @@ def plan_with_microbatches(search: Search):
             if size % (k * replicas):
                 continue
             for policy in remats:
+                if (axes, policy) in outpaced_at:
+                    continue
                 setting = Microbatching(k, axes, replicas, remat=policy)
                 candidate, failure, slower = plan_within_budget(
                     search, setting, failure, None, _seconds(found, best), trail)
+                if slower:
+                    outpaced_at.add((axes, policy))
                 outpaced = outpaced or slower
                 rejected = rejected or candidate is None and not slower
                 if candidate is None:

@@ -71,11 +71,12 @@ def options_for(mesh, **kwargs):
 def test_auto_microbatches_keep_the_fastest_fitting_k_and_stop_when_outpaced(mesh_1d):
     # K=1 holds 200 bytes, over the budget of 100; each K splits over data (faster) or
     # over no axis. K=2 fits at 3 s, K=4 at 2 s; K=8 would take 2.5 s: told to beat 2 s it
-    # gives up, and K=16 is never tried.
+    # gives up, and K=16 is never tried. Split over no axis, K=2 cannot beat 3 s: that
+    # split is not tried at more microbatches.
     table = {(1, ()): (1.0, 200.0)}
     for k, seconds in ((2, 3.0), (4, 2.0), (8, 2.5), (16, 1.0)):
         table[k, ("data",)] = (seconds, 90.0 / k)
-        table[k, ()] = (seconds + 0.5, 90.0 / k)
+        table[k, ()] = (seconds + 1.0, 90.0 / k)
     planner = StubPlanner(table)
     options = options_for(mesh_1d, microbatches="auto")
     found = plan_settings(planner, train_step, ARGS, options)
@@ -85,8 +86,7 @@ def test_auto_microbatches_keep_the_fastest_fitting_k_and_stop_when_outpaced(mes
     # each setting is told the best step seconds found before it
     tried = [(key, o.seconds_to_beat) for key, o in planner.calls]
     assert tried == [((1, ()), None), ((2, ("data",)), None), ((2, ()), 3.0),
-                     ((4, ("data",)), 3.0), ((4, ()), 2.0),
-                     ((8, ("data",)), 2.0), ((8, ()), 2.0)]
+                     ((4, ("data",)), 3.0), ((8, ("data",)), 2.0)]
     # and planned with the caller's options otherwise
     for _, received in planner.calls:
         assert dataclasses.replace(received, seconds_to_beat=None) == options
@@ -94,11 +94,23 @@ def test_auto_microbatches_keep_the_fastest_fitting_k_and_stop_when_outpaced(mes
     assert outcomes == [
         ("K=1, no remat", "over budget: at least 200 bytes"),
         ("K=2 over data, remat none", "fits"),
-        ("K=2, remat none", "cannot beat 3 s: at least 3.5 s"),
+        ("K=2, remat none", "cannot beat 3 s: at least 4 s"),
         ("K=4 over data, remat none", "fits"),
-        ("K=4, remat none", "cannot beat 2 s: at least 2.5 s"),
-        ("K=8 over data, remat none", "cannot beat 2 s: at least 2.5 s"),
-        ("K=8, remat none", "cannot beat 2 s: at least 3 s")]
+        ("K=8 over data, remat none", "cannot beat 2 s: at least 2.5 s")]
+
+
+def test_a_setting_over_budget_is_tried_at_more_microbatches_an_outpaced_one_is_not(
+        mesh_1d):
+    # split over no axis, K=2 is over the budget: tried again at K=4, where it fits and
+    # is kept; over data, K=4 cannot beat K=2's 3 s regardless of memory: not tried at 8
+    table = {(1, ()): (2.0, 150.0), (2, ("data",)): (3.0, 40.0), (2, ()): (2.5, 150.0),
+             (4, ("data",)): (3.5, 20.0), (4, ()): (2.8, 90.0),
+             (8, ("data",)): (4.0, 10.0), (8, ()): (2.9, 40.0)}
+    planner = StubPlanner(table)
+    found = plan_settings(planner, train_step, ARGS, options_for(mesh_1d, microbatches="auto"))
+    assert [key for key, _ in planner.calls] == [(1, ()), (2, ("data",)), (2, ()),
+                                                 (4, ("data",)), (4, ()), (8, ())]
+    assert found.microbatching.microbatches == 4 and found.cost.total_s == 2.8
 
 
 def test_a_fixed_count_plans_that_count_only(mesh_1d):
