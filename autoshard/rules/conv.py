@@ -22,7 +22,7 @@ from autoshard.rules import Einsum, LabelMaker, register
 from autoshard.target.xla import partitions_grouped_conv
 
 
-def computed_whole(rhs, rhs_spec, out, out_spec, feature_groups: int) -> bool:
+def partitioner_gathers(rhs, rhs_spec, out, out_spec, feature_groups: int) -> bool:
     """Whether XLA's partitioner gathers a conv's operands and computes it whole: a
     grouped conv with several input features a group, not a dot in every spatial dim
     (``splits_groups``), where this XLA does so (``xla.partitions_grouped_conv``)."""
@@ -54,7 +54,7 @@ def conv(node, out_shapes) -> Einsum:
     rhs_t: list = [None] * len(rhs)
     out_t: list = [None] * len(out)
     reduce = set()
-    whole = computed_whole(rhs, rhs_spec, out, out_spec, feature_groups)
+    whole = partitioner_gathers(rhs, rhs_spec, out, out_spec, feature_groups)
     if batch_groups == 1 and not whole:
         lhs_t[lhs_spec[0]] = out_t[out_spec[0]] = labels.new(lhs[lhs_spec[0]])
     if feature_groups == 1 and batch_groups == 1:
