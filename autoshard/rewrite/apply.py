@@ -149,16 +149,11 @@ def kept_apart(eqn, decision: Decision) -> bool:
                                     for axes in spec)
 
 
-def copies_fft(eqn, mesh: Mesh) -> bool:
-    """Whether an FFT's operand and result are copied (``xla.fft_on_cpu``), through
-    identity gathers along ``whole_dim``."""
-    return fft_on_cpu(eqn.primitive.name, eqn.params, mesh.devices.flat[0].platform) == "copied"
-
-
-def transforms_one_point(eqn, mesh: Mesh) -> bool:
-    """Whether an FFT runs as ``one_point_fft`` (``xla.fft_on_cpu``)."""
-    return fft_on_cpu(eqn.primitive.name, eqn.params,
-                      mesh.devices.flat[0].platform) == "elementwise"
+def fft_run(eqn, mesh: Mesh) -> str | None:
+    """How an FFT runs on ``mesh`` (``xla.fft_on_cpu``): "elementwise" (``one_point_fft``),
+    "copied" (its operand and result through identity gathers along ``whole_dim``), or
+    None (as it is, and every other equation)."""
+    return fft_on_cpu(eqn.primitive.name, eqn.params, mesh.devices.flat[0].platform)
 
 
 def whole_dim(aval, specs) -> int:
@@ -180,7 +175,7 @@ def one_point_fft(x, dtype):
 
 
 def identity_gather(x, axis: int):
-    """``x`` read through a gather of every index along ``axis`` (``copies_fft``)."""
+    """``x`` read through a gather of every index along ``axis`` (``fft_run``)."""
     return jax.numpy.take(x, jax.numpy.arange(x.shape[axis]), axis=axis, mode="clip",
                           unique_indices=True, indices_are_sorted=True)
 
@@ -215,10 +210,11 @@ class Rewriter:
             return CONTROL_FLOW_RULES[name](self, eqn, ins, key)
         decision = self.decision(key)
         ins = self.constrain_all(ins, decision.in_specs)
-        if transforms_one_point(eqn, self.mesh):
+        fft = fft_run(eqn, self.mesh)
+        if fft == "elementwise":
             return self.constrain_all([one_point_fft(ins[0], eqn.outvars[0].aval.dtype)],
                                       decision.out_specs)
-        copied = copies_fft(eqn, self.mesh)
+        copied = fft == "copied"
         if copied:
             ins = [identity_gather(ins[0], whole_dim(eqn.invars[0].aval, decision.in_specs))]
         outs = ik.bind(eqn, ins)
@@ -365,12 +361,13 @@ class JaxprWriter:
             raise Unwritten(name)
         decision = self.decision(key)
         ins = self.constrain_all(ins, decision.in_specs)
-        if transforms_one_point(eqn, self.mesh):
+        fft = fft_run(eqn, self.mesh)
+        if fft == "elementwise":
             dtype = eqn.outvars[0].aval.dtype
             template = self.template(("one_point_fft", dtype), [ins[0].aval], jax.jit(
                 functools.partial(one_point_fft, dtype=dtype)))
             return self.constrain_all(self.emit(template, ins[:1]), decision.out_specs)
-        copied = copies_fft(eqn, self.mesh)
+        copied = fft == "copied"
         if copied:
             ins = self.identity_gather(ins, decision.in_specs)
         outs = [jax_compat.new_var(v.aval) for v in eqn.outvars]

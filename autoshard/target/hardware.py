@@ -228,9 +228,9 @@ class Backend:
         )
         cpu = family == "cpu"
         return cls(platform=family, combined=COMBINED_COLLECTIVES.get(family, ()),
-                   collective_itemsize=4 if family == "cpu" else 0,
-                   native_reduce_scatter=family != "cpu",
-                   contraction_itemsize=4 if family == "cpu" else 0,
+                   collective_itemsize=4 if cpu else 0,
+                   native_reduce_scatter=not cpu,
+                   contraction_itemsize=4 if cpu else 0,
                    concatenated_all_reduce=family == "gpu" and concatenates_combined_all_reduces(
                        mesh.devices.flat),
                    widened_contractions=cpu_widened_contractions() if cpu else (),

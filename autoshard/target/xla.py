@@ -39,15 +39,28 @@ def partitions_fft() -> bool:
     keeps the batch dims split. Read from a two-device rfft compiled on this process's
     CPUs; False where it has one CPU device (an FFT kept whole is right on either)."""
     import jax
+
+    text = _compiled_on_two_cpus(jax.numpy.fft.rfft, (("batch",),), ("batch",), (2, 8))
+    return text is not None and "c64[1,5]" in text and "c64[2,5]" not in text
+
+
+def _compiled_on_two_cpus(fn, in_specs, out_spec, *shapes) -> str | None:
+    """The compiled program of ``fn`` on f32 arguments of ``shapes`` for two of this
+    process's CPUs, a mesh of one axis, "batch": each argument split as its entry of
+    ``in_specs`` says (a PartitionSpec's entries), the result as ``out_spec``. None where
+    the process has one CPU device."""
+    import jax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     devices = jax.devices("cpu")[:2]
     if len(devices) < 2:
-        return False
-    split = NamedSharding(Mesh(np.array(devices), ("batch",)), PartitionSpec("batch"))
-    rfft = jax.jit(jax.numpy.fft.rfft, in_shardings=split, out_shardings=split)
-    text = rfft.lower(jax.ShapeDtypeStruct((2, 8), np.float32)).compile().as_text()
-    return "c64[1,5]" in text and "c64[2,5]" not in text
+        return None
+    mesh = Mesh(np.array(devices), ("batch",))
+    compiled = jax.jit(fn, in_shardings=tuple(NamedSharding(mesh, PartitionSpec(*spec))
+                                              for spec in in_specs),
+                       out_shardings=NamedSharding(mesh, PartitionSpec(*out_spec)))
+    avals = [jax.ShapeDtypeStruct(shape, np.float32) for shape in shapes]
+    return compiled.lower(*avals).compile().as_text()
 
 
 def fft_on_cpu(primitive: str, params, platform: str) -> str | None:
@@ -76,19 +89,13 @@ def partitions_grouped_conv() -> bool:
     depthwise conv, one input feature a group, splits). Read from a two-device conv
     compiled on this process's CPUs; True where it has one CPU device."""
     import jax
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    devices = jax.devices("cpu")[:2]
-    if len(devices) < 2:
-        return True
-    mesh = Mesh(np.array(devices), ("batch",))
-    rows, whole = NamedSharding(mesh, PartitionSpec("batch")), NamedSharding(mesh, PartitionSpec())
-    conv = jax.jit(lambda x, k: jax.lax.conv_general_dilated(
-        x, k, (1, 1), "SAME", feature_group_count=2, dimension_numbers=("NHWC", "HWIO", "NHWC")),
-        in_shardings=(rows, whole), out_shardings=rows)
-    text = conv.lower(jax.ShapeDtypeStruct((2, 4, 4, 4), np.float32),
-                      jax.ShapeDtypeStruct((3, 3, 2, 4), np.float32)).compile().as_text()
-    return "all-gather" not in text
+    def grouped(x, k):
+        return jax.lax.conv_general_dilated(x, k, (1, 1), "SAME", feature_group_count=2,
+                                            dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    text = _compiled_on_two_cpus(grouped, (("batch",), ()), ("batch",), (2, 4, 4, 4),
+                                 (3, 3, 2, 4))
+    return text is None or "all-gather" not in text
 
 
 @functools.cache
@@ -99,15 +106,10 @@ def cpu_partitions_top_k() -> bool:
     two-device top_k compiled on this process's CPUs; True where it has one CPU device
     (nothing to tell)."""
     import jax
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    devices = jax.devices("cpu")[:2]
-    if len(devices) < 2:
-        return True
-    rows = NamedSharding(Mesh(np.array(devices), ("batch",)), PartitionSpec("batch"))
-    top = jax.jit(lambda x: jax.lax.top_k(x, 2)[0], in_shardings=rows, out_shardings=rows)
-    text = top.lower(jax.ShapeDtypeStruct((4, 16), np.float32)).compile().as_text()
-    return "all-gather" not in text
+    text = _compiled_on_two_cpus(lambda x: jax.lax.top_k(x, 2)[0], (("batch",),),
+                                 ("batch",), (4, 16))
+    return text is None or "all-gather" not in text
 
 
 @functools.cache
