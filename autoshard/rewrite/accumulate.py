@@ -35,6 +35,7 @@ import numpy as np
 from jax import lax
 
 from autoshard.errors import InputError
+from autoshard.frontend import jax_compat
 from autoshard.rewrite.pipeline import Pipelining, pipelined
 
 
@@ -189,16 +190,16 @@ def accumulated(fun, argnums, has_aux, setting: Microbatching, args, kwargs):
     broadcast = jax.tree.map(lambda x: jnp.broadcast_to(x, (r,) + jnp.shape(x)), diff_args)
     zeros = jax.tree.map(jnp.zeros_like, broadcast)
 
+    microbatch, (value_shape, _) = traced_once(
+        jax.vmap(grad_fn), broadcast, jax.tree.map(lambda x: x[0], xs))
+
     def step(carry, batch_slices):
         grads_acc, value_acc = carry
-        value, grads = jax.vmap(grad_fn)(broadcast, batch_slices)
+        value, grads = microbatch(broadcast, batch_slices)
         grads_acc = jax.tree.map(jnp.add, grads_acc, grads)
         value_acc = jax.tree.map(jnp.add, value_acc, value)   # per replica: no reduction
         return (grads_acc, value_acc), None
 
-    value_shape = jax.eval_shape(
-        lambda d, b: jax.vmap(grad_fn)(d, b)[0], broadcast,
-        jax.tree.map(lambda x: x[0], xs))
     value_zeros = jax.tree.map(lambda v: jnp.zeros(v.shape, v.dtype), value_shape)
     (grads_acc, value_acc), _ = lax.scan(step, (zeros, value_zeros), xs, length=k)
     count = k * r
@@ -207,6 +208,21 @@ def accumulated(fun, argnums, has_aux, setting: Microbatching, args, kwargs):
     value = jax.tree.map(lambda v: (jnp.sum(v, axis=0) / count).astype(v.dtype), value_acc)
     grads = grads[0] if isinstance(argnums, int) else tuple(grads)
     return value, grads
+
+
+def traced_once(fn: Callable, *args) -> tuple[Callable, object]:
+    """``fn`` traced once at ``args``: a function replaying its jaxpr on arguments shaped
+    alike, and the shapes of its results. The loop's body needs its carry's shapes before
+    it is traced; tracing the loss again for them doubles the cost of tracing it (the
+    layers' Python and their autodiff)."""
+    closed, shapes = jax.make_jaxpr(fn, return_shape=True)(*args)
+    jaxpr, consts = jax_compat.split_closed(closed)
+    out_tree = jax.tree.structure(shapes)
+
+    def replay(*like):
+        return jax.tree.unflatten(
+            out_tree, jax_compat.eval_jaxpr(jaxpr, consts, *jax.tree.leaves(like)))
+    return replay, shapes
 
 
 def to_microbatches(x, k: int, r: int):
