@@ -92,7 +92,9 @@ def plan_with_microbatches(search: Search):
     Settings are tried fastest first (fewer microbatches, less recomputed); one whose
     memory floor exceeds the budget is rejected before solving, and once a plan fits,
     one that cannot beat it regardless of memory is dropped before solving under the
-    budget. ``"auto"`` stops at the first K none of whose settings beats the best of
+    budget. From K = 2 on, the policies are tried holding least first: where that one
+    fits no plan within the budget, those saving more are rejected unplanned.
+    ``"auto"`` stops at the first K none of whose settings beats the best of
     fewer microbatches, unless memory rejected some of them; then only those are tried at
     more microbatches. A setting that cannot beat the best regardless of memory is not
     tried again at more: splitting the batch further adds loop steps, and repeats the
@@ -134,12 +136,19 @@ def plan_with_microbatches(search: Search):
             replicas = dim_shards(axes, sizes)
             if size % (k * replicas):
                 continue
-            for policy in remats:
+            held = None   # the budget failure of a policy holding less, at these K, axes
+            for policy in reversed(remats):   # least held first
                 if (axes, policy) in outpaced_at:
                     continue
                 setting = Microbatching(k, axes, replicas, remat=policy)
+                if held is not None:   # saves more of what the rejected policy remakes
+                    implied_over_budget(setting, held, trail)
+                    rejected = True
+                    continue
                 candidate, failure, slower = plan_within_budget(
                     search, setting, failure, None, _seconds(found, best), trail)
+                if candidate is None and not slower:
+                    held = (policy, failure)
                 if slower:
                     outpaced_at.add((axes, policy))
                 outpaced = outpaced or slower
@@ -195,6 +204,21 @@ def plan_within_budget(search: Search, setting, failure, record=None, beat=None,
                       "step_s": None if found is None else found.cost.total_s,
                       "plan_s": time.perf_counter() - started, "stage_s": stages})
     return found, failure, outcome.startswith("cannot beat")
+
+
+def implied_over_budget(setting: Microbatching, held: tuple, trail: list) -> None:
+    """``setting`` rejected unplanned: at its microbatches and axes, ``held`` = (a remat
+    policy saving less, its budget failure) found no plan within the budget. A policy
+    saves a subset of what one saving more saves (none: every residual; dots: the dots'
+    results; nothing: the layers' inputs), and its backward remakes one layer at a
+    time what the other held all along."""
+    policy, failure = held
+    trail.append({"setting": describe(setting),
+                  "outcome": f"over budget: holds more than remat {policy}, at least "
+                             f"{failure.smallest_bytes:.4g} bytes",
+                  "microbatches": setting.microbatches,
+                  "replica_axes": list(setting.replica_axes), "remat": setting.remat,
+                  "step_s": None, "plan_s": 0.0, "stage_s": None})
 
 
 def describe(setting: Microbatching | None) -> str:

@@ -557,6 +557,32 @@ def test_auto_remat_and_microbatches_fit_a_tight_budget(stack_args, mesh_1d):
 
 
 @pytest.mark.slow
+def test_policies_rejected_unplanned_are_over_the_budget_when_planned(mesh_1d):
+    """From K = 2 on, a remat policy saving more than one found over the budget is
+    rejected unplanned; each such setting, planned, is indeed over the budget."""
+    from autoshard.planning.api import plan_program
+    from autoshard.planning.options import PlanOptions
+    from autoshard.planning.settings import Search
+    from autoshard.rewrite.accumulate import Microbatching
+
+    stack_args = make_stack_args(rows=1024)
+    budget = 0.9 * plan_stack(stack_args, mesh_1d, remat="nothing_saveable").cost.memory_bytes
+    found = plan_stack(stack_args, mesh_1d, memory_budget=budget, microbatches="auto",
+                       remat="auto")
+    implied = [s for s in found.stats.settings if "holds more than" in s["outcome"]]
+    assert implied, "no setting rejected unplanned: the test checks nothing"
+    options = PlanOptions.build(num_args=2, mesh=mesh_1d, hardware=HW, cache=False,
+                                progress=False, memory_budget=budget)
+    search = Search(plan_program, stack_step, stack_args, options)
+    for tried in implied[:4]:
+        axes = tuple(tried["replica_axes"])
+        setting = Microbatching(tried["microbatches"], axes, mesh_1d.shape[axes[0]],
+                                remat=tried["remat"])
+        with pytest.raises(autoshard.MemoryBudgetError):
+            search.plan(setting)
+
+
+@pytest.mark.slow
 def test_hand_written_gpipe_expert_matches_single_device(mesh_2d):
     from autoshard.zoo import experts, models
     case = models.train_case("gpt_scan", "tiny")

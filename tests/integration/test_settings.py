@@ -50,9 +50,12 @@ class StubPlanner:
         self.calls = []
 
     def __call__(self, fn, args, options):
-        jax.make_jaxpr(lambda *a: fn(*a))(*args)   # traced afresh under the active setting
         setting = active_setting()
+        if setting is None or setting.remat is None:   # no layer stack to rematerialize
+            jax.make_jaxpr(lambda *a: fn(*a))(*args)   # traced afresh under the setting
         key = (1, ()) if setting is None else (setting.microbatches, setting.replica_axes)
+        if setting is not None and setting.remat is not None:
+            key += (setting.remat,)
         self.calls.append((key, options))
         seconds, num_bytes = self.table[key]
         if options.seconds_to_beat is not None and seconds >= options.seconds_to_beat:
@@ -128,6 +131,37 @@ def test_no_setting_fitting_raises_the_last_budget_failure(mesh_1d):
     with pytest.raises(MemoryBudgetError) as e:
         plan_settings(planner, train_step, ARGS, options_for(mesh_1d, microbatches=4))
     assert e.value.smallest_bytes == 250.0   # K=4's, the last tried
+
+
+def test_policies_saving_more_than_one_over_budget_are_rejected_unplanned(mesh_1d):
+    # K=1: no remat (200 bytes) and dots saved (150) are over the budget of 100, nothing
+    # saved fits at 5 s. At K=2 over data, nothing saved (the least held) is over the
+    # budget: saving dots or every residual holds more, and is not planned. At K=4,
+    # nothing saved and dots saved fit, no remat is over the budget; at K=8 only no remat
+    # beats K=4's dots saved (2.5 s), and is kept.
+    table = {(1, ()): (1.0, 200.0), (1, (), "dots_saveable"): (2.0, 150.0),
+             (1, (), "nothing_saveable"): (5.0, 90.0)}
+    held = {2: (330.0, 220.0, 110.0), 4: (285.0, 95.0, 50.0), 8: (90.0, 50.0, 25.0)}
+    for k, sizes in held.items():
+        for policy, seconds, num_bytes in zip((None, "dots_saveable", "nothing_saveable"),
+                                              (1.5, 2.5, 4.5), sizes):
+            key = (k, ("data",)) + (() if policy is None else (policy,))
+            table[key] = (seconds, num_bytes)
+    planner = StubPlanner(table)
+    found = plan_settings(planner, train_step, ARGS,
+                          options_for(mesh_1d, microbatches="auto", remat="auto"))
+    planned = [key for key, _ in planner.calls]
+    assert planned[:3] == [(1, ()), (1, (), "dots_saveable"), (1, (), "nothing_saveable")]
+    assert planned[3:] == [(2, ("data",), "nothing_saveable"),
+                           (4, ("data",), "nothing_saveable"), (4, ("data",), "dots_saveable"),
+                           (4, ("data",)), (8, ("data",), "nothing_saveable"),
+                           (8, ("data",), "dots_saveable"), (8, ("data",))]
+    assert found.microbatching.microbatches == 8
+    assert found.microbatching.remat is None and found.cost.total_s == 1.5
+    outcomes = {s["setting"]: s["outcome"] for s in found.stats.settings}
+    for policy in ("dots_saveable", "none"):
+        assert outcomes[f"K=2 over data, remat {policy}"] == (
+            "over budget: holds more than remat nothing_saveable, at least 110 bytes")
 
 
 def test_replica_candidates():
