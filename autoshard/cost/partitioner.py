@@ -138,9 +138,17 @@ class _Partitioner:
     """One reshard followed through XLA's ways: each records the collectives it emits in
     ``steps``; ``shape`` is passed along, as a grouped or split way changes it."""
 
-    def __init__(self, itemsize: float):
+    def __init__(self, itemsize: float, axis_sizes: Mapping[str, int]):
         self.itemsize = itemsize
+        self.axes = tuple(axis_sizes.items())
         self.steps: list[Step] = []
+
+    def step(self, kind: str, groups, num_bytes: float, **fields) -> None:
+        """Record a collective over ``groups`` (a [group, member] array of device ids, or
+        nested tuples of them), naming the mesh axes it spans."""
+        rows = np.asarray(groups)
+        self.steps.append(Step(kind, tuple(map(tuple, rows.tolist())), num_bytes,
+                               axes=_axes_of_rows(rows, self.axes), **fields))
 
     def shard_bytes(self, counts: Sequence[int], shape) -> float:
         """Bytes of one shard of ``shape`` split ``counts`` ways per dim (padded)."""
@@ -148,15 +156,13 @@ class _Partitioner:
 
     # -- the collectives -----------------------------------------------------------------
     def permute(self, src: Tiling, dst: Tiling, shape):
-        pairs = {(int(s), int(d)) for s, d in zip(src.devices.ravel(), dst.devices.ravel())
-                 if s != d}
-        if pairs:
-            self.steps.append(Step("collective-permute", tuple(sorted(pairs)),
-                                   self.shard_bytes(src.tile_dims, shape)))
+        pairs = _moved_pairs(src.devices.ravel(), dst.devices.ravel())
+        if len(pairs):
+            self.step("collective-permute", pairs, self.shard_bytes(src.tile_dims, shape))
         return dst
 
     def all_to_all(self, t: Tiling, groups, shape):
-        self.steps.append(Step("all-to-all", groups, self.shard_bytes(t.tile_dims, shape)))
+        self.step("all-to-all", groups, self.shard_bytes(t.tile_dims, shape))
 
     def gather(self, t: Tiling, dims: Sequence[int], shape, factors=None) -> None:
         """``ReplicatePartial``: all-gathers taking ``dims`` off ``t``, the last dim first,
@@ -171,10 +177,9 @@ class _Partitioner:
             split = list(t.devices.shape)
             split[d:d + 1] = [t.dim(d) // f, f]
             moved = np.moveaxis(t.devices.reshape(split), d + 1, -1)
-            groups = tuple(tuple(int(x) for x in row) for row in moved.reshape(-1, f))
             current[d] //= f
-            self.steps.append(Step("all-gather", _unique_groups(groups),
-                                   self.shard_bytes(current, shape), d, local))
+            self.step("all-gather", _unique_groups(moved.reshape(-1, f)),
+                      self.shard_bytes(current, shape), gathered_dim=d, local_shape=local)
 
     # -- ReshardNoCache ------------------------------------------------------------------
     def reshard(self, src: Tiling, dst: Tiling, shape, full: bool = True) -> Tiling:
@@ -353,7 +358,7 @@ class _Partitioner:
         self.reshard(src_inner, dst_inner, inner_shape)
         # each group runs the same collectives on its own devices
         for k in range(mark, len(self.steps)):
-            self.steps[k] = _in_every_group(self.steps[k], src_groups)
+            self.steps[k] = _in_every_group(self.steps[k], src_groups, self.axes)
         ungrouped = ungroup(dst_inner, src_groups, src, equal)
         return self.reshard(ungrouped, dst, shape)
 
@@ -383,25 +388,33 @@ def _shard_shape(shape, counts) -> tuple[int, ...]:
     return tuple(math.ceil(n / c) for n, c in zip(shape, counts))
 
 
-def _unique_groups(groups):
-    seen, out = set(), []
-    for g in groups:
-        key = tuple(sorted(g))
-        if key not in seen:
-            seen.add(key)
-            out.append(g)
-    return tuple(out)
+def _moved_pairs(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """The distinct (source, target) device pairs where ``src`` and ``dst`` differ,
+    sorted ([pair, 2]): a collective-permute's."""
+    moved = src != dst
+    n = int(max(src.max(), dst.max())) + 1
+    keys = np.unique(src[moved].astype(np.int64) * n + dst[moved])
+    return np.stack([keys // n, keys % n], axis=1)
 
 
-def _in_every_group(step: Step, groups) -> Step:
+def _unique_groups(rows: np.ndarray) -> np.ndarray:
+    """The rows of ``rows`` (one device group each), those holding the devices of an
+    earlier one dropped, in order."""
+    _, first = np.unique(np.sort(rows, axis=1), axis=0, return_index=True)
+    return rows if len(first) == len(rows) else rows[np.sort(first)]
+
+
+def _in_every_group(step: Step, groups, axes: tuple[tuple[str, int], ...]) -> Step:
     """A step found for the first group's devices, run by every group: each of its device
     groups mapped onto the devices at the same positions in every group."""
-    first = {d: k for k, d in enumerate(groups[0])}
-    out = []
-    for members in groups:
-        for g in step.groups:
-            out.append(tuple(members[first[d]] if d in first else d for d in g))
-    return dataclasses.replace(step, groups=tuple(out))
+    members, inner = np.asarray(groups), np.asarray(step.groups)
+    position = np.full(max(members.max(), inner.max()) + 1, -1)
+    position[members[0]] = np.arange(members.shape[1])
+    at = position[inner]                               # [group, member]: -1 outside
+    out = np.where(at >= 0, members[:, np.maximum(at, 0)], inner)   # [groups, group, member]
+    out = out.reshape(-1, inner.shape[1])
+    return dataclasses.replace(step, groups=tuple(map(tuple, out.tolist())),
+                               axes=_axes_of_rows(out, axes))
 
 
 def _can_permute(src: Tiling, dst: Tiling) -> bool:
@@ -543,12 +556,13 @@ def compatible_partial(partial: Tiling, target: Tiling) -> Tiling | None:
     return Tiling(devices, target.partial)
 
 
-def _tile_of(t: Tiling) -> np.ndarray:
-    """Per device id, the index of its tile ([devices, rank])."""
-    index = np.indices(t.devices.shape).reshape(t.devices.ndim, -1)[:t.rank]
-    tiles = np.empty((t.devices.size, t.rank), dtype=np.int64)
-    tiles[t.devices.ravel()] = index.T
-    return tiles
+def _tile_of(t: Tiling) -> tuple[np.ndarray, np.ndarray]:
+    """``t``'s device ids in increasing order, and the index of each one's tile ([device,
+    rank]). A group's tiling holds its own devices' global ids, not 0 to N - 1."""
+    ids = t.devices.ravel()
+    index = np.indices(t.devices.shape).reshape(t.devices.ndim, -1)[:t.rank].T
+    order = np.argsort(ids, kind="stable")
+    return ids[order], index[order]
 
 
 def _is_subtiling(sub: Tiling, t: Tiling) -> bool:
@@ -561,7 +575,8 @@ def _is_subtiling(sub: Tiling, t: Tiling) -> bool:
 def _is_subtiling_on(sub_key: tuple, t_key: tuple) -> bool:
     sub, t = Tiling.of_key(sub_key), Tiling.of_key(t_key)
     per = np.array([sub.dim(d) // t.dim(d) for d in range(sub.rank)], dtype=np.int64)
-    return bool((_tile_of(sub) // per == _tile_of(t)[:, :sub.rank]).all())
+    (sub_ids, sub_tiles), (ids, tiles) = _tile_of(sub), _tile_of(t)
+    return bool(np.array_equal(sub_ids, ids) and (sub_tiles // per == tiles[:, :sub.rank]).all())
 
 
 def merge_or_split(shape, src: Tiling, dst: Tiling):
@@ -653,7 +668,7 @@ def group_on_dims(t: Tiling, dims):
     moved = t.devices.transpose(list(dims) + others)
     lead = math.prod(t.dim(d) for d in dims)
     flat = moved.reshape([lead] + [t.dim(d) for d in others])
-    groups = [tuple(int(x) for x in flat[g].ravel()) for g in range(lead)]
+    groups = list(map(tuple, flat.reshape(lead, -1).tolist()))
     inner_dims = [1 if d in dims else t.dim(d) for d in range(t.devices.ndim)]
     return groups, Tiling(flat[0].reshape(inner_dims), t.partial)
 
@@ -677,7 +692,7 @@ def reshard_steps(shape: Sequence[int], itemsize: float, src: Spec, dst: Spec,
                   axis_sizes: Mapping[str, int]) -> tuple[Step, ...]:
     """The collectives XLA's partitioner emits to take an array of ``shape`` from
     ``src`` to ``dst`` on a mesh of ``axis_sizes``."""
-    p = _Partitioner(itemsize)
+    p = _Partitioner(itemsize, axis_sizes)
     source = tiling(src, axis_sizes)
     try:
         p.reshard(source, tiling(dst, axis_sizes), tuple(shape))
@@ -685,8 +700,7 @@ def reshard_steps(shape: Sequence[int], itemsize: float, src: Spec, dst: Spec,
         p.steps.clear()
         if not source.replicated:
             p.gather(source, range(source.rank), tuple(shape))
-    return tuple(dataclasses.replace(step, axes=group_axes(step.groups, axis_sizes))
-                 for step in p.steps)
+    return tuple(p.steps)
 
 
 def canonical_shape(shape: Sequence[int], axis_sizes: Mapping[str, int]
@@ -760,8 +774,13 @@ def group_axes(groups, axis_sizes: Mapping[str, int]) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=1 << 14)
 def _axes_of(groups: tuple, axes: tuple[tuple[str, int], ...]) -> tuple[str, ...]:
+    return _axes_of_rows(np.asarray(groups), axes)
+
+
+def _axes_of_rows(rows: np.ndarray, axes: tuple[tuple[str, int], ...]) -> tuple[str, ...]:
+    """``group_axes`` of a [group, member] array of device ids."""
     names, coords = _coordinates(axes)
-    c = coords[np.asarray(groups)]                     # [group, member, axis]
+    c = coords[rows]                                   # [group, member, axis]
     varies = (c != c[:, :1]).any(axis=(0, 1))
     return tuple(a for a, v in zip(names, varies) if v)
 

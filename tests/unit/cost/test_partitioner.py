@@ -177,6 +177,8 @@ def replayed(held: np.ndarray, steps) -> np.ndarray:
 
 @example(((1, 4, 1, 1), ((), ("a", "b"), (), ("c",)), ((), ("b",), ("c",), ("a",)),
           {"a": 2, "b": 2, "c": 3}))
+# a group's tiling (global device ids) from a partly replicated one, sliced
+@example(((1, 1, 1), (("c",), (), ("a",)), (("a",), ("c",), ("b",)), {"a": 2, "b": 3, "c": 2}))
 @settings(max_examples=300, deadline=None)
 @given(reshards())
 def test_every_reshard_is_some_collectives_over_the_mesh(case):
