@@ -117,17 +117,37 @@ def _normal(t: Tiling) -> Tiling:
     return t
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Step:
-    """One collective of a reshard: its kind, its device groups (each a tuple of device
-    ids), and the bytes per device as ``hardware`` counts them for the kind."""
+    """One collective of a reshard: its kind, its device groups (``rows``: [group,
+    member] device ids; ``groups``: each a tuple of them), and the bytes per device as
+    ``hardware`` counts them for the kind."""
 
     kind: str
-    groups: tuple[tuple[int, ...], ...]
+    rows: np.ndarray
     num_bytes: float
     gathered_dim: int | None = None      # an all-gather's dim
     local_shape: tuple[int, ...] = ()    # an all-gather's input shard
     axes: tuple[str, ...] = ()           # the mesh axes its groups span (``group_axes``)
+
+    # most reshards are priced by their kinds, sizes and axes: the tuples only on demand
+    @functools.cached_property
+    def groups(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(map(tuple, self.rows.tolist()))
+
+    @property
+    def group_size(self) -> int:
+        return self.rows.shape[1]
+
+    def _fields(self) -> tuple:
+        return (self.kind, self.rows.shape, self.rows.tobytes(), self.num_bytes,
+                self.gathered_dim, self.local_shape, self.axes)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Step) and self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
 
 
 class _Failed(Exception):
@@ -146,9 +166,10 @@ class _Partitioner:
     def step(self, kind: str, groups, num_bytes: float, **fields) -> None:
         """Record a collective over ``groups`` (a [group, member] array of device ids, or
         nested tuples of them), naming the mesh axes it spans."""
-        rows = np.asarray(groups)
-        self.steps.append(Step(kind, tuple(map(tuple, rows.tolist())), num_bytes,
-                               axes=_axes_of_rows(rows, self.axes), **fields))
+        rows = np.asarray(groups, dtype=np.int64)
+        rows.flags.writeable = False
+        self.steps.append(Step(kind, rows, num_bytes, axes=_axes_of_rows(rows, self.axes),
+                               **fields))
 
     def shard_bytes(self, counts: Sequence[int], shape) -> float:
         """Bytes of one shard of ``shape`` split ``counts`` ways per dim (padded)."""
@@ -392,14 +413,25 @@ def _moved_pairs(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     """The distinct (source, target) device pairs where ``src`` and ``dst`` differ,
     sorted ([pair, 2]): a collective-permute's."""
     moved = src != dst
+    sources, targets = src[moved], dst[moved]
+    if _distinct(sources):   # a tiling's: each device once, so each pair once
+        order = np.argsort(sources)
+        return np.stack([sources[order], targets[order]], axis=1)
     n = int(max(src.max(), dst.max())) + 1
-    keys = np.unique(src[moved].astype(np.int64) * n + dst[moved])
+    keys = np.unique(sources.astype(np.int64) * n + targets)
     return np.stack([keys // n, keys % n], axis=1)
+
+
+def _distinct(ids: np.ndarray) -> bool:
+    """Whether no device id repeats in ``ids``."""
+    return ids.size == 0 or int(np.bincount(ids.ravel()).max()) == 1
 
 
 def _unique_groups(rows: np.ndarray) -> np.ndarray:
     """The rows of ``rows`` (one device group each), those holding the devices of an
     earlier one dropped, in order."""
+    if _distinct(rows):   # a tiling's: no two groups hold the same devices
+        return rows
     _, first = np.unique(np.sort(rows, axis=1), axis=0, return_index=True)
     return rows if len(first) == len(rows) else rows[np.sort(first)]
 
@@ -407,14 +439,14 @@ def _unique_groups(rows: np.ndarray) -> np.ndarray:
 def _in_every_group(step: Step, groups, axes: tuple[tuple[str, int], ...]) -> Step:
     """A step found for the first group's devices, run by every group: each of its device
     groups mapped onto the devices at the same positions in every group."""
-    members, inner = np.asarray(groups), np.asarray(step.groups)
+    members, inner = np.asarray(groups), step.rows
     position = np.full(max(members.max(), inner.max()) + 1, -1)
     position[members[0]] = np.arange(members.shape[1])
     at = position[inner]                               # [group, member]: -1 outside
     out = np.where(at >= 0, members[:, np.maximum(at, 0)], inner)   # [groups, group, member]
-    out = out.reshape(-1, inner.shape[1])
-    return dataclasses.replace(step, groups=tuple(map(tuple, out.tolist())),
-                               axes=_axes_of_rows(out, axes))
+    out = out.reshape(-1, inner.shape[1]).astype(np.int64)
+    out.flags.writeable = False
+    return dataclasses.replace(step, rows=out, axes=_axes_of_rows(out, axes))
 
 
 def _can_permute(src: Tiling, dst: Tiling) -> bool:
@@ -763,7 +795,8 @@ def cached_reshard_steps(shape: Sequence[int], itemsize: float, src: Spec, dst: 
 
 def forget() -> None:
     """Drop the reshards and tilings this process keeps."""
-    for cache in (_steps_on, _tiling_on, _a2a_groups_on, _is_subtiling_on, _axes_of):
+    for cache in (_steps_on, _tiling_on, _a2a_groups_on, _is_subtiling_on, _axes_of,
+                  _axes_of_bytes):
         cache.cache_clear()
 
 
@@ -779,6 +812,14 @@ def _axes_of(groups: tuple, axes: tuple[tuple[str, int], ...]) -> tuple[str, ...
 
 def _axes_of_rows(rows: np.ndarray, axes: tuple[tuple[str, int], ...]) -> tuple[str, ...]:
     """``group_axes`` of a [group, member] array of device ids."""
+    rows = np.asarray(rows, dtype=np.int64)
+    return _axes_of_bytes(rows.shape, rows.tobytes(), axes)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _axes_of_bytes(shape: tuple[int, ...], ids: bytes, axes: tuple[tuple[str, int], ...]
+                   ) -> tuple[str, ...]:
+    rows = np.frombuffer(ids, dtype=np.int64).reshape(shape)
     names, coords = _coordinates(axes)
     c = coords[rows]                                   # [group, member, axis]
     varies = (c != c[:, :1]).any(axis=(0, 1))

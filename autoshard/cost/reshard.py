@@ -49,7 +49,7 @@ def reshard_collectives(shape: Sequence[int], dtype, src: Spec, dst: Spec,
     out, major = [], None
     for step in steps:   # followed on the canonical shape: its bytes scaled to ``shape``'s
         axes = step.axes
-        bandwidth, size = hw.group_bandwidth(axes), len(step.groups[0])
+        bandwidth, size = hw.group_bandwidth(axes), step.group_size
         num_bytes = step.num_bytes * scale
         if step.kind == "all-gather":
             dim, local = step.gathered_dim, step.local_shape
