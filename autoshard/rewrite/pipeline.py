@@ -228,6 +228,11 @@ def pipelined(fun: Callable, setting: Pipelining | None, mesh, batch_of: Callabl
             return fun(*jax.tree.unflatten(tree, f), **kwargs)
         closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*flat)
         batch = batch_of(args)
+        if batch is None and setting is not None:
+            raise InputError(
+                "a pipeline splits the marked loss's batch into microbatches, and the loss "
+                "takes none: pass the batch to it as an argument that is not "
+                "differentiated (value_and_grad(loss)(params, batch)), not closed over")
         target = stack_scan(closed.jaxpr, batch, stages, count)
         layout = unrolled.find_layout(closed.jaxpr) if target is None else None
         if layout is not None:   # a loop over a list of layers: rolled into a scan

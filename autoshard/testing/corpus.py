@@ -17,7 +17,10 @@ on the argument paths ``autoshard.plan`` prints):
 - ``haiku_clip``, ``linen_clip``, ``equinox_clip``: haiku's example transformer (with its
   one-hot loss), a flax linen transformer LM and the equinox LM, each stepped with
   ``optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(...))``: one global norm
-  read over every gradient before any update.
+  read over every gradient before any update;
+- ``llama_pipelined``: the transformers Llama step with its loss marked by
+  ``autoshard.value_and_grad``, planned with ``pipeline=`` the mesh's 'data' axis and 4
+  microbatches (``plan_options``): its list of layers pipelined.
 
 Example::
 
@@ -106,6 +109,9 @@ class CorpusCase:
     carry: dict = dataclasses.field(default_factory=dict)
     rtol: float = 2e-4
     atol: float = 2e-5
+    # the options its users plan it with (a pipeline: over which axis, how many
+    # microbatches), beside the mesh
+    plan_options: dict = dataclasses.field(default_factory=dict)
     # outputs (regexes on their paths) whose gradient is zero in exact arithmetic, e.g.
     # attention key biases (softmax ignores a shift shared by every key): Adam turns the
     # rounding noise left in their gradient into a step of up to the learning rate
@@ -205,6 +211,23 @@ def _hf_lm_step(state, batch):
     return new_state, loss
 
 
+def _hf_lm_step_marked(state, batch):
+    """run_clm_flax.py's train step as a pipeline asks it written: the loss marked
+    (``autoshard.value_and_grad`` for ``jax.value_and_grad``) and handed the batch it
+    splits into microbatches, rather than closing over it."""
+    from autoshard.rewrite.accumulate import value_and_grad
+    dropout_rng, new_dropout_rng = jax.random.split(state.dropout_rng)
+
+    def compute_loss(params, batch):
+        logits = state.apply_fn(batch["input_ids"], params=params, dropout_rng=dropout_rng,
+                                train=True)[0]
+        return _next_token_loss(logits, batch["input_ids"])
+
+    loss, grad = value_and_grad(compute_loss)(state.params, batch)
+    new_state = state.apply_gradients(grads=grad, dropout_rng=new_dropout_rng)
+    return new_state, loss
+
+
 def _hf_mlm_step(state, batch):
     """run_mlm_flax.py's train step: masked-token cross entropy weighted by the labels."""
     import optax
@@ -237,7 +260,8 @@ def gpt2() -> CorpusCase:
                       ("state", "batch"), (1,), rules, {0: 0})
 
 
-def llama() -> CorpusCase:
+def llama(name: str = "llama", step: Callable = _hf_lm_step, dropout: float = DROPOUT,
+          **plan_options) -> CorpusCase:
     from transformers import FlaxLlamaForCausalLM, LlamaConfig
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=D_MODEL, intermediate_size=2 * D_MODEL,
                          num_hidden_layers=LAYERS, num_attention_heads=HEADS,
@@ -245,14 +269,27 @@ def llama() -> CorpusCase:
                          # transformers' Flax rotary table keeps max_position_embeddings
                          # columns of sin|cos: fewer than 2 * head_dim breaks it
                          max_position_embeddings=max(SEQ, 2 * D_MODEL // HEADS),
-                         attention_dropout=DROPOUT)
+                         attention_dropout=dropout)
     model = FlaxLlamaForCausalLM(config, seed=0)
     rules = ((r"\['(q_proj|k_proj|v_proj|gate_proj|up_proj)'\]\['kernel'\]", COLUMN),
              (r"\['(o_proj|down_proj)'\]\['kernel'\]", ROW),
              (r"\['embed_tokens'\]", ROW), (r"\['lm_head'\]\['kernel'\]", COLUMN))
-    return CorpusCase("llama", "transformers", _hf_lm_step,
+    return CorpusCase(name, "transformers", step,
                       (_hf_train_state(model), {"input_ids": _lm_batch()}),
-                      ("state", "batch"), (1,), rules, {0: 0})
+                      ("state", "batch"), (1,), rules, {0: 0}, plan_options=plan_options)
+
+
+def llama_pipelined() -> CorpusCase:
+    """The Llama step with its loss marked, its layers (a Python list in transformers'
+    Flax Llama) pipelined over the mesh's 'data' axis in 4 microbatches. Without
+    dropout: a microbatch draws its masks from the step's key at its own shape, so a
+    pipelined step with dropout is another draw than the step on one device. The
+    gradient is summed over microbatches in another order than on one device; where
+    it is near zero, adamw's step (about the learning rate, whatever the gradient's
+    size) moves by a few percent of the learning rate: ``atol`` a tenth of it."""
+    case = llama("llama_pipelined", _hf_lm_step_marked, dropout=0.0, pipeline="data",
+                 microbatches=4)
+    return dataclasses.replace(case, atol=0.1 * LEARNING_RATE)
 
 
 def bert() -> CorpusCase:
@@ -687,6 +724,8 @@ CASES: dict[str, Callable[[], CorpusCase]] = {
     "haiku_lm": haiku_lm, "keras_lm": keras_lm, "linen_cnn": linen_cnn,
     # steps whose optimizer clips the gradients to a global norm first
     "haiku_clip": haiku_clip, "linen_clip": linen_clip, "equinox_clip": equinox_clip,
+    # the loss marked, its layers pipelined
+    "llama_pipelined": llama_pipelined,
 }
 
 

@@ -319,6 +319,16 @@ def test_pipeline_needs_a_layer_stack(args, mesh_2d):
         plan_for(args, mesh_2d, pipeline="stage")
 
 
+def test_a_pipeline_needs_the_batch_passed_to_the_loss(stack_args, mesh_2d):
+    # the way run_clm_flax.py writes it: the loss closes over the batch
+    def step(params, batch):
+        loss, grads = autoshard.value_and_grad(lambda p: stack_loss(p, batch))(params)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), loss
+    with pytest.raises(autoshard.InputError, match="pass the batch to it as an argument"):
+        autoshard.plan(step, *stack_args, mesh=mesh_2d, hardware=HW, cache=False,
+                       progress=False, pipeline="data", microbatches=2)
+
+
 # -- the circular schedule ------------------------------------------------------------------
 
 def test_circular_schedule_arithmetic():
