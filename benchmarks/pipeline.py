@@ -303,7 +303,9 @@ def unrolled_part(args) -> None:
 
 def stage_split(tried: dict) -> str:
     """A setting's planning seconds per stage, as ``plan.stats.settings`` lists them."""
-    stages = tried.get("stage_s") or {}
+    stages = tried.get("stage_s")
+    if stages is None:
+        return "not planned"
     return " / ".join(f"{stages.get(stage) or 0.0:.1f}"
                       for stage in ("trace", "cost", "coarsen", "solve"))
 
