@@ -537,7 +537,8 @@ def all_to_all_tiling(t: Tiling, sources, targets) -> Tiling:
 def _a2a_groups(temp: Tiling, group_size_at: Mapping[int, int]):
     """The all-to-all's device groups, in ``temp``'s order: devices whose indices agree
     but for dims ``d`` of ``group_size_at`` within blocks of ``group_size_at[d]``, groups
-    ordered by those indices (block numbers where grouped), members in row-major order."""
+    ordered by those indices (block numbers where grouped), members in row-major order
+    ([group, member], read-only)."""
     return _a2a_groups_on(temp.key, tuple(sorted(group_size_at.items())))
 
 
@@ -553,7 +554,9 @@ def _a2a_groups_on(key: tuple, sizes: tuple[tuple[int, int], ...]):
         gid = gid * (n // g) + index[d] // g if g else gid * n + index[d]
     order = np.argsort(gid, kind="stable")
     members = devices.ravel()[order].reshape(-1, devices.size // (gid.max() + 1))
-    return tuple(tuple(g) for g in members.tolist())
+    members = members.astype(np.int64)
+    members.flags.writeable = False
+    return members
 
 
 def compatible_partial(partial: Tiling, target: Tiling) -> Tiling | None:
