@@ -382,14 +382,15 @@ class Liveness:
         the resharded copy (XLA copies a weight gathered at the start into the backward
         pass's layout there, and frees the gathered one); for a reader XLA computes at the
         start into a buffer of its own (``from_arguments``: the reversed kernel of a
-        convolution's backward pass), -1: it reads the copy there, before the copy's
-        first node. Work on arguments that XLA folds into its reader (a transpose into
-        its dot) reads the copy at its own node."""
+        convolution's backward pass), the start: it reads the copy there, which a first
+        reader's copy holds then and a later one's (made from the earlier copy) not at
+        all. Work on arguments that XLA folds into its reader (a transpose into its dot)
+        reads the copy at its own node."""
         if (value_id, node_id) in copied and from_args[value_id]:
             return self.copy_starts(value_id, from_args)[node_id]
         outputs = self.graph.nodes[node_id].outputs
         if outputs and all(from_args[v] and self.space.materialized[v] for v in outputs):
-            return -1
+            return 0
         return max(node_id, self.read_at(self.graph.values[value_id], node_id))
 
     def wide(self, node, value_id: int) -> float:
