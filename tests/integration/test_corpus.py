@@ -215,7 +215,7 @@ def test_corpus_pipelined_steps_pipeline_their_layers_and_price_them(name):
     """A library's list of layers, pipelined over 'data' on 2x4: two stages of its
     layers, the step priced within 15 % of its compiled program (tiny models: the
     stage transfers' latency is most of the step)."""
-    case, plan = _case(name), _plan(name, "2x4")
+    plan = _plan(name, "2x4")
     assert plan.pipeline.axis == "data" and plan.pipeline.stages == 2
     assert plan.pipeline.layers == corpus.LAYERS
     compiled = hlo_report(_compiled(name, "2x4"), plan.hardware, _mesh("2x4"))
