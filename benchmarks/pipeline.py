@@ -25,10 +25,16 @@ a scan before pipelining it), each planned with the pipeline over 'data' forced 
 ``pipeline="auto"``, compiled and priced: the unrolled model's step against the scanned
 one's, planned and compiled (``--microbatches`` fixes M; default ``"auto"``).
 
+Part 4 (``--part 8b``): a LLaMA-3-8B-shaped step (32 layers, d_model 4096, FFN 14336,
+Adam, bf16, batch 512 x 2048 tokens) planned from abstract arguments on 512 devices, mesh
+8x8x8 (data, fsdp, model), options left at their defaults: planning time by stage, the
+number of reshards priced, the plan's step and memory.
+
     python benchmarks/pipeline.py                 # parts 1 and 2, each in its own process
     python benchmarks/pipeline.py --part gpt --layers 8 --d-model 2048
     python benchmarks/pipeline.py --part unrolled
     python benchmarks/pipeline.py --part 70b --unrolled
+    python benchmarks/pipeline.py --part 8b
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ import subprocess
 import sys
 import time
 
-DEVICES = {"gpt": 16, "70b": 64, "unrolled": 16}
+DEVICES = {"gpt": 16, "70b": 64, "unrolled": 16, "8b": 512}
 
 
 def hardware(autoshard):
@@ -265,6 +271,32 @@ def llama_part(args) -> None:
           ", ".join(f"{stage} {s:.1f} s" for stage, s in totals.items()))
 
 
+def llama_8b_part(args) -> None:
+    import autoshard
+    from autoshard.cost import partitioner
+    from autoshard.zoo.models import gpt
+
+    cfg = gpt.GPTConfig(vocab=128256, seq=2048, d_model=4096, heads=32, layers=32,
+                        d_ff=14336, batch=512, dtype="bfloat16", lr=3e-4)
+    case = gpt.train_case(config=cfg, abstract=True)
+    mesh = autoshard.make_mesh((8, 8, 8), ("data", "fsdp", "model"))
+    print(f"LLaMA-3-8B shape: {cfg.layers} scanned layers, d_model {cfg.d_model}, FFN "
+          f"{cfg.d_ff}, batch {cfg.batch} x {cfg.seq}, bf16, Adam; mesh 8x8x8 (512 devices)")
+    started = time.perf_counter()
+    plan = autoshard.plan(case.train_step, *case.args, mesh=mesh, hardware=hardware(autoshard),
+                          donate_argnums=case.donate_argnums, progress=False)
+    plan_s = time.perf_counter() - started
+    stages = plan.stats.stage_seconds()
+    print(f"planning took {plan_s:.1f} s (target 5 s): " + ", ".join(
+        f"{stage} {stages.get(stage) or 0.0:.1f} s" for stage in ("trace", "cost", "coarsen",
+                                                                     "solve")))
+    print(f"reshards followed: {partitioner._steps_on.cache_info().misses}; "
+          f"{plan.stats.nodes} nodes, {plan.stats.groups} groups, "
+          f"{plan.stats.solved_groups} solved")
+    print(f"predicted peak {plan.cost.memory_bytes / 1e9:.2f} GB, step {plan.cost.total_s:.3f} s "
+          f"(compute {plan.cost.compute_s:.3f} s, comm {plan.cost.comm_s:.3f} s)")
+
+
 def unrolled_part(args) -> None:
     """The GPT of part 1 planned from its scanned and from its unrolled form."""
     import autoshard
@@ -312,7 +344,8 @@ def stage_split(tried: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--part", choices=("gpt", "70b", "unrolled", "all"), default="all")
+    parser.add_argument("--part", choices=("gpt", "70b", "unrolled", "8b", "all"),
+                        default="all")
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--d-model", type=int, default=2048)
     parser.add_argument("--seq", type=int, default=1024)
@@ -331,7 +364,8 @@ def main() -> None:
         return
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                f" --xla_force_host_platform_device_count={DEVICES[args.part]}")
-    {"gpt": gpt_part, "70b": llama_part, "unrolled": unrolled_part}[args.part](args)
+    {"gpt": gpt_part, "70b": llama_part, "unrolled": unrolled_part,
+     "8b": llama_8b_part}[args.part](args)
 
 
 if __name__ == "__main__":
