@@ -277,10 +277,12 @@ def llama_8b_part(args) -> None:
     from autoshard.zoo.models import gpt
 
     cfg = gpt.GPTConfig(vocab=128256, seq=2048, d_model=4096, heads=32, layers=32,
-                        d_ff=14336, batch=512, dtype="bfloat16", lr=3e-4)
+                        d_ff=14336, batch=512, dtype="bfloat16", lr=3e-4,
+                        scan_layers=not args.unrolled)
     case = gpt.train_case(config=cfg, abstract=True)
     mesh = autoshard.make_mesh((8, 8, 8), ("data", "fsdp", "model"))
-    print(f"LLaMA-3-8B shape: {cfg.layers} scanned layers, d_model {cfg.d_model}, FFN "
+    print(f"LLaMA-3-8B shape: {cfg.layers} {'unrolled' if args.unrolled else 'scanned'} "
+          f"layers, d_model {cfg.d_model}, FFN "
           f"{cfg.d_ff}, batch {cfg.batch} x {cfg.seq}, bf16, Adam; mesh 8x8x8 (512 devices)")
     started = time.perf_counter()
     plan = autoshard.plan(case.train_step, *case.args, mesh=mesh, hardware=hardware(autoshard),
@@ -353,7 +355,7 @@ def main() -> None:
     parser.add_argument("--microbatches", default="auto",
                         help="pipeline microbatches in part 3: a count, or auto")
     parser.add_argument("--unrolled", action="store_true",
-                        help="part 2's layers as a Python list of blocks, not a scan")
+                        help="parts 2 and 4: the layers a Python list of blocks, not a scan")
     args = parser.parse_args()
     if args.part == "all":   # each part needs its own device count before JAX starts
         for part in ("gpt", "70b"):
