@@ -166,8 +166,7 @@ class _Partitioner:
     def step(self, kind: str, groups, num_bytes: float, **fields) -> None:
         """Record a collective over ``groups`` (a [group, member] array of device ids, or
         nested tuples of them), naming the mesh axes it spans."""
-        rows = np.asarray(groups, dtype=np.int64)
-        rows.flags.writeable = False
+        rows = _frozen_rows(groups)
         self.steps.append(Step(kind, rows, num_bytes, axes=_axes_of_rows(rows, self.axes),
                                **fields))
 
@@ -409,6 +408,14 @@ def _shard_shape(shape, counts) -> tuple[int, ...]:
     return tuple(math.ceil(n / c) for n, c in zip(shape, counts))
 
 
+def _frozen_rows(groups) -> np.ndarray:
+    """A collective's device groups as a read-only [group, member] int64 array (a Step's
+    ``rows``, shared by the caches that hand it out)."""
+    rows = np.asarray(groups, dtype=np.int64)
+    rows.flags.writeable = False
+    return rows
+
+
 def _moved_pairs(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     """The distinct (source, target) device pairs where ``src`` and ``dst`` differ,
     sorted ([pair, 2]): a collective-permute's."""
@@ -444,8 +451,7 @@ def _in_every_group(step: Step, groups, axes: tuple[tuple[str, int], ...]) -> St
     position[members[0]] = np.arange(members.shape[1])
     at = position[inner]                               # [group, member]: -1 outside
     out = np.where(at >= 0, members[:, np.maximum(at, 0)], inner)   # [groups, group, member]
-    out = out.reshape(-1, inner.shape[1]).astype(np.int64)
-    out.flags.writeable = False
+    out = _frozen_rows(out.reshape(-1, inner.shape[1]))
     return dataclasses.replace(step, rows=out, axes=_axes_of_rows(out, axes))
 
 
@@ -554,9 +560,7 @@ def _a2a_groups_on(key: tuple, sizes: tuple[tuple[int, int], ...]):
         gid = gid * (n // g) + index[d] // g if g else gid * n + index[d]
     order = np.argsort(gid, kind="stable")
     members = devices.ravel()[order].reshape(-1, devices.size // (gid.max() + 1))
-    members = members.astype(np.int64)
-    members.flags.writeable = False
-    return members
+    return _frozen_rows(members)
 
 
 def compatible_partial(partial: Tiling, target: Tiling) -> Tiling | None:
@@ -798,19 +802,13 @@ def cached_reshard_steps(shape: Sequence[int], itemsize: float, src: Spec, dst: 
 
 def forget() -> None:
     """Drop the reshards and tilings this process keeps."""
-    for cache in (_steps_on, _tiling_on, _a2a_groups_on, _is_subtiling_on, _axes_of,
-                  _axes_of_bytes):
+    for cache in (_steps_on, _tiling_on, _a2a_groups_on, _is_subtiling_on, _axes_of_bytes):
         cache.cache_clear()
 
 
 def group_axes(groups, axis_sizes: Mapping[str, int]) -> tuple[str, ...]:
     """The mesh axes along which the devices of any one group differ."""
-    return _axes_of(tuple(groups), tuple(axis_sizes.items()))
-
-
-@functools.lru_cache(maxsize=1 << 14)
-def _axes_of(groups: tuple, axes: tuple[tuple[str, int], ...]) -> tuple[str, ...]:
-    return _axes_of_rows(np.asarray(groups), axes)
+    return _axes_of_rows(np.asarray(groups), tuple(axis_sizes.items()))
 
 
 def _axes_of_rows(rows: np.ndarray, axes: tuple[tuple[str, int], ...]) -> tuple[str, ...]:
