@@ -197,13 +197,19 @@ def plan_within_budget(search: Search, setting, failure, record=None, beat=None,
               None if found is None else f"{found.cost.total_s:.6g}",
               time.perf_counter() - started)
     if trail is not None:
-        trail.append({"setting": describe(setting), "outcome": outcome,
-                      "microbatches": 1 if setting is None else setting.microbatches,
-                      "replica_axes": [] if setting is None else list(setting.replica_axes),
-                      "remat": None if setting is None else setting.remat,
-                      "step_s": None if found is None else found.cost.total_s,
-                      "plan_s": time.perf_counter() - started, "stage_s": stages})
+        trail.append(tried(setting, outcome, None if found is None else found.cost.total_s,
+                           time.perf_counter() - started, stages))
     return found, failure, outcome.startswith("cannot beat")
+
+
+def tried(setting: Microbatching | None, outcome: str, step_s: float | None,
+          plan_s: float, stage_s: dict | None) -> dict:
+    """A setting tried, as ``plan.stats.settings`` lists it."""
+    return {"setting": describe(setting), "outcome": outcome,
+            "microbatches": 1 if setting is None else setting.microbatches,
+            "replica_axes": [] if setting is None else list(setting.replica_axes),
+            "remat": None if setting is None else setting.remat,
+            "step_s": step_s, "plan_s": plan_s, "stage_s": stage_s}
 
 
 def implied_over_budget(setting: Microbatching, held: tuple, trail: list) -> None:
@@ -213,12 +219,8 @@ def implied_over_budget(setting: Microbatching, held: tuple, trail: list) -> Non
     results; nothing: the layers' inputs), and its backward remakes one layer at a
     time what the other held all along."""
     policy, failure = held
-    trail.append({"setting": describe(setting),
-                  "outcome": f"over budget: holds more than remat {policy}, at least "
-                             f"{failure.smallest_bytes:.4g} bytes",
-                  "microbatches": setting.microbatches,
-                  "replica_axes": list(setting.replica_axes), "remat": setting.remat,
-                  "step_s": None, "plan_s": 0.0, "stage_s": None})
+    trail.append(tried(setting, f"over budget: holds more than remat {policy}, at least "
+                                f"{failure.smallest_bytes:.4g} bytes", None, 0.0, None))
 
 
 def describe(setting: Microbatching | None) -> str:
