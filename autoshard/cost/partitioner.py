@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 
@@ -787,6 +788,53 @@ def canonical_reshard(shape: Sequence[int], itemsize: float, src: Spec, dst: Spe
     return canonical, kept(src), kept(dst), scale * itemsize
 
 
+def relabelled(src: Spec, dst: Spec, axis_sizes: Mapping[str, int]
+               ) -> tuple[Spec, Spec, dict[str, str]]:
+    """(src, dst, names): the reshard with the mesh's axes renamed, each to one of its
+    size, into the least such reshard, and each new name's old one.
+
+    A renaming relabels the devices, and the ways read device ids only as labels, but
+    for one thing: the axes a spec leaves unnamed replicate it in the mesh's order. A
+    renaming that keeps that order within each spec's unnamed axes therefore takes the
+    same steps, over the relabeled devices, each spanning the renamed axes (tested on
+    generated reshards). On a mesh of equal axes, P(model, data) to P(data) and
+    P(data, model) to P(model) are followed once."""
+    return _relabelled_on(src, dst, tuple(axis_sizes.items()))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _relabelled_on(src: Spec, dst: Spec, axis_sizes: tuple[tuple[str, int], ...]
+                   ) -> tuple[Spec, Spec, dict[str, str]]:
+    axes = tuple(a for a, _ in axis_sizes)
+    best, back = (src, dst), dict(zip(axes, axes))
+    renamings = _renamings(axis_sizes)
+    if len(renamings) == 1:
+        return src, dst, back
+    position = {a: k for k, a in enumerate(axes)}
+    unnamed = [[a for a in axes if not any(a in entry for entry in spec)]
+               for spec in (src, dst)]
+    for order in renamings[1:]:
+        names = dict(zip(axes, order))
+        if any(position[names[a]] > position[names[b]]
+               for rest in unnamed for a, b in zip(rest, rest[1:])):
+            continue
+        found = tuple(tuple(tuple(names[a] for a in entry) for entry in spec)
+                      for spec in (src, dst))
+        if found < best:
+            best, back = found, {new: old for old, new in names.items()}
+    return best[0], best[1], back
+
+
+@functools.lru_cache(maxsize=64)
+def _renamings(axes: tuple[tuple[str, int], ...]) -> tuple[tuple[str, ...], ...]:
+    """Each renaming of the mesh's axes that gives each a name of its size (the new name
+    of each axis, in the mesh's order); none past 24."""
+    names = [a for a, _ in axes]
+    found = [order for order in itertools.islice(itertools.permutations(names), 24)
+             if all(dict(axes)[a] == n for a, (_, n) in zip(order, axes))]
+    return tuple(found)
+
+
 @functools.lru_cache(maxsize=1 << 14)
 def _steps_on(shape: tuple[int, ...], itemsize: float, src: Spec, dst: Spec,
               axes: tuple[tuple[str, int], ...]) -> tuple[Step, ...]:
@@ -802,7 +850,8 @@ def cached_reshard_steps(shape: Sequence[int], itemsize: float, src: Spec, dst: 
 
 def forget() -> None:
     """Drop the reshards and tilings this process keeps."""
-    for cache in (_steps_on, _tiling_on, _a2a_groups_on, _is_subtiling_on, _axes_of_bytes):
+    for cache in (_steps_on, _tiling_on, _a2a_groups_on, _is_subtiling_on, _axes_of_bytes,
+                  _relabelled_on):
         cache.cache_clear()
 
 

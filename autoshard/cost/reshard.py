@@ -45,10 +45,12 @@ def reshard_collectives(shape: Sequence[int], dtype, src: Spec, dst: Spec,
         return ()
     canonical, src, dst, scale = partitioner.canonical_reshard(
         shape, specs.itemsize(dtype), src, dst, axis_sizes)
+    src, dst, names = partitioner.relabelled(src, dst, axis_sizes)
     steps = partitioner.cached_reshard_steps(canonical, 1, src, dst, axis_sizes)
     out, major = [], None
-    for step in steps:   # followed on the canonical shape: its bytes scaled to ``shape``'s
-        axes = step.axes
+    for step in steps:   # followed on the canonical reshard: bytes scaled, axes renamed back
+        spanned = {names[a] for a in step.axes}
+        axes = tuple(a for a in axis_sizes if a in spanned)
         bandwidth, size = hw.group_bandwidth(axes), step.group_size
         num_bytes = step.num_bytes * scale
         if step.kind == "all-gather":

@@ -282,3 +282,45 @@ def test_a_canonical_reshard_takes_the_same_steps(case, itemsize):
         None if s.gathered_dim is None else kept.index(s.gathered_dim) for s in direct]
     assert [[n > 1 for n in s.local_shape] for s in found] == \
         [[n > 1 for k, n in enumerate(s.local_shape) if k in kept] for s in direct]
+
+
+@st.composite
+def reshards_on_equal_axes(draw):
+    """As ``reshards``, on a mesh whose axes often share one size (those a renaming
+    swaps)."""
+    shape, src, dst, sizes = draw(reshards())
+    size = draw(st.integers(2, 4))
+    return shape, src, dst, {a: size if draw(st.booleans()) else n for a, n in sizes.items()}
+
+
+def renamed_device(device: int, back: dict, sizes) -> int:
+    """The device at a renamed mesh's ``device``, on the mesh itself: each axis's
+    coordinate is its new name's (``back``: each new name's old one)."""
+    at = dict(zip(sizes, np.unravel_index(device, tuple(sizes.values()))))
+    return int(np.ravel_multi_index([at[new] for old in sizes
+                                     for new, was in back.items() if was == old],
+                                    tuple(sizes.values())))
+
+
+# P(model, fsdp) to P(fsdp) on three axes of 8: the specs leave 'data' and then 'data'
+# and 'model' unnamed, in that order; no renaming that swaps them takes the same steps
+@example(((64, 32, 128), (("model",), ("fsdp",), ()), (("fsdp",), (), ()),
+          {"data": 8, "fsdp": 8, "model": 8}))
+@settings(max_examples=400, deadline=None)
+@given(reshards_on_equal_axes())
+def test_a_renamed_reshard_takes_the_same_steps_over_the_relabeled_devices(case):
+    # the least renaming of the reshard: the same kinds moving the same bytes, each over
+    # the devices of the array's own step once relabeled, spanning the axes renamed back
+    shape, src, dst, sizes = case
+    new_src, new_dst, back = partitioner.relabelled(src, dst, sizes)
+    assert sorted(back) == sorted(sizes) and sorted(back.values()) == sorted(sizes)
+    assert all(sizes[new] == sizes[old] for new, old in back.items())
+    direct = partitioner.reshard_steps(shape, 4, src, dst, sizes)
+    found = partitioner.reshard_steps(shape, 4, new_src, new_dst, sizes)
+
+    def told(step, relabel):
+        groups = {frozenset(relabel(d) for d in g) for g in step.groups}
+        return step.kind, step.num_bytes, step.gathered_dim, step.local_shape, groups
+    assert [told(s, int) for s in direct] == \
+        [told(s, lambda d: renamed_device(d, back, sizes)) for s in found]
+    assert [set(s.axes) for s in direct] == [{back[a] for a in s.axes} for s in found]
