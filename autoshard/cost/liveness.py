@@ -24,6 +24,7 @@ from autoshard.solver.request import CopyTerm, GroupTerm, LiveRows, MemoryTerm, 
 from autoshard.target.xla import (
     collective_widening,
     contraction,
+    conv_result_transposed,
     cpu_top_k_scratch,
     expensive,
     fft_on_cpu,
@@ -298,10 +299,19 @@ class Liveness:
                 value = graph.values[v]
                 if (v not in resident and materialized[v] and last_read[v] == node.id
                         and value.shape == out.shape and value.dtype == out.dtype
-                        and graph.nodes[value.producer].kind != "arg"):
+                        and graph.nodes[value.producer].kind != "arg"
+                        and not self.copied_out(v)):
                     found.add(v)
                     break
         return found
+
+    def copied_out(self, value_id: int) -> bool:
+        """Whether XLA writes a value in another layout than a program output's and
+        copies it out (``xla.conv_result_transposed``): no output is written in place of
+        it."""
+        node, value = self.graph.node_of(value_id), self.graph.values[value_id]
+        return node.kind == "eqn" and conv_result_transposed(
+            node, value.shape, self.space.backend.platform)
 
     def fusion_inputs(self, node) -> list[int]:
         """The values an elementwise node's fusion reads from memory, in operand order: its
@@ -495,7 +505,9 @@ class Liveness:
         """(term, node, node) of the buffers a node holds while it runs and no reader
         sees: those XLA:CPU sorts in for a top_k (``xla.cpu_top_k_scratch``), per element
         of its operand in the spec it reads; an FFT's own result before its copy out
-        (``xla.fft_on_cpu``), which elementwise readers make as they read it."""
+        (``xla.fft_on_cpu``), which elementwise readers make as they read it; and a
+        convolution's result in its own layout before its copy into the program's output
+        (``copied_out``)."""
         platform = self.space.backend.platform
         for node in self.graph.nodes:
             if not self.runs(node):
@@ -510,6 +522,9 @@ class Liveness:
                                 / itemsize), node.id, node.id
             elif (fft_on_cpu(node.primitive, node.params, platform) == "copied"
                   and not self.slices_fused(node.outputs[0])):
+                yield self.value_bytes(node.outputs[0]), node.id, node.id
+            elif node.outputs and node.outputs[0] in self.graph.outputs and self.copied_out(
+                    node.outputs[0]):
                 yield self.value_bytes(node.outputs[0]), node.id, node.id
 
     def collective_buffers(self, last_read: Sequence[int]):

@@ -367,6 +367,20 @@ def transposed_for_conv(node, i: int) -> bool:
     return kept != sorted(kept)
 
 
+def conv_result_transposed(node, shape: Sequence[int], platform: str) -> bool:
+    """Whether XLA:CPU writes a convolution's result (of ``shape``) in another layout
+    than a program output's and then copies it out. It writes [batch, spatial...,
+    feature]; a result whose dims come in another order (NCHW, or a kernel gradient's
+    HWIO) is transposed from there: a program output made of it is a copy, and even an
+    elementwise one (the optimizer's update) is not written in place of it."""
+    if node.primitive != "conv_general_dilated" or platform != "cpu":
+        return False
+    spec = node.params["dimension_numbers"].out_spec
+    order = [spec[0], *spec[2:], spec[1]]
+    kept = [d for d in order if shape[d] != 1]
+    return kept != sorted(kept)
+
+
 TRANSPOSED_OPERANDS = {"dot_general": transposed_for_dot,
                        "conv_general_dilated": transposed_for_conv}
 

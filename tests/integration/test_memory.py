@@ -141,18 +141,27 @@ def spectrum(x):
     return jnp.abs(jnp.fft.rfft(jnp.tanh(x))) * 2.0
 
 
+def scaled_conv(x, k):
+    """An NCHW stem convolution (RGB in) scaled on its way out."""
+    return jax.lax.conv_general_dilated(x, k, (1, 1), "SAME",
+                                        dimension_numbers=("NCHW", "OIHW", "NCHW")) * 0.5
+
+
 @pytest.mark.parametrize("fn, shapes, pins, dtype", [
     (narrow_conv_step, ((16, 8, 32, 32), (16, 4, 3, 3)), {"x": P("data")}, jnp.bfloat16),
     (narrow_top_k, ((64, 1024),), None, jnp.bfloat16),
     (spectrum, ((64, 1024),), {"x": P("data")}, jnp.float32),
-], ids=["conv_grad", "top_k", "fft"])
+    (scaled_conv, ((16, 3, 32, 32), (16, 3, 3, 3)), {"x": P("data")}, jnp.float32),
+], ids=["conv_grad", "top_k", "fft", "nchw_out"])
 def test_held_as_xla_cpu_holds_them(fn, shapes, pins, dtype, mesh_1d):
     """XLA:CPU convolves bf16 in f32 (an f32 copy of each operand, an f32 result), moves
     bf16 through its collectives in f32, and runs a bf16 top_k as a sort of its keys
     packed with their indices (the elementwise work before it computed in the packing).
     XLA's partitioner gathers a grouped conv, batch split or not. A plan copies an FFT's
-    operand and result on XLA:CPU (to keep the layout its thunk runs). The model held all
-    of them at the dtype's width, split, or not at all: tight budgets broke by up to 2x."""
+    operand and result on XLA:CPU (to keep the layout its thunk runs). It writes an NCHW
+    conv's result as NHWC and transposes it out: the scaling reads it through the
+    transpose and cannot write in place of it. The model held all of them at the dtype's
+    width, split, or not at all: tight budgets broke by up to 2x."""
     args = [jax.ShapeDtypeStruct(s, dtype) for s in shapes]
     plan = autoshard.plan(fn, *args, mesh=mesh_1d, pins=pins, cache=False, progress=False)
     assert plan.cost.memory_bytes == pytest.approx(compiled_memory(plan, args).memory_bytes,
