@@ -523,8 +523,8 @@ class Liveness:
             elif (fft_on_cpu(node.primitive, node.params, platform) == "copied"
                   and not self.slices_fused(node.outputs[0])):
                 yield self.value_bytes(node.outputs[0]), node.id, node.id
-            elif node.outputs and node.outputs[0] in self.graph.outputs and self.copied_out(
-                    node.outputs[0]):
+            elif (node.outputs and self.copied_out(node.outputs[0])
+                  and node.outputs[0] in self.graph.outputs):
                 yield self.value_bytes(node.outputs[0]), node.id, node.id
 
     def collective_buffers(self, last_read: Sequence[int]):

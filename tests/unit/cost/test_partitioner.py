@@ -297,8 +297,8 @@ def renamed_device(device: int, back: dict, sizes) -> int:
     """The device at a renamed mesh's ``device``, on the mesh itself: each axis's
     coordinate is its new name's (``back``: each new name's old one)."""
     at = dict(zip(sizes, np.unravel_index(device, tuple(sizes.values()))))
-    return int(np.ravel_multi_index([at[new] for old in sizes
-                                     for new, was in back.items() if was == old],
+    renamed = {old: new for new, old in back.items()}
+    return int(np.ravel_multi_index([at[renamed[old]] for old in sizes],
                                     tuple(sizes.values())))
 
 
