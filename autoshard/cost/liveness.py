@@ -183,24 +183,56 @@ class Liveness:
         return GroupTerm(term.group, num_bytes)
 
     def bitcast_of_operand(self, value) -> np.ndarray | None:
-        """Per group strategy, whether a broadcast of an argument is a bitcast of it: each
-        device holds as many elements of the result as of the argument, the added dims
-        split to one element a device (a weight broadcast to a copy per replica slice of
-        a batch, the copies split over the replica axes, is each device's own weight).
-        The argument's buffer lives throughout. None for other nodes."""
+        """Per group strategy, whether a broadcast or transpose of an argument is a
+        bitcast of it, the argument's buffer living throughout. A broadcast: each device
+        holds as many elements of the result as of the argument, the added dims split to
+        one element a device (a weight broadcast to a copy per replica slice of a batch,
+        the copies split over the replica axes, is each device's own weight). A
+        transpose: on each device it moves only dims of one element (that weight copy's
+        replica dim moved behind its layer dim, for a scan over layers). A transpose
+        reads its argument through such broadcasts and loops' constants. None for other
+        nodes."""
         node = self.graph.nodes[value.producer]
-        if (node.primitive != "broadcast_in_dim" or node.operands[0] is None
-                or self.graph.node_of(node.operands[0]).kind != "arg"):
+        if (node.primitive == "broadcast_in_dim" and node.operands[0] is not None
+                and self.graph.node_of(node.operands[0]).kind == "arg"):
+            moves_data = self.broadcast_moves_data
+        elif node.primitive == "transpose" and self.from_argument(
+                node.operands[0], ("broadcast_in_dim", "transpose")):
+            moves_data = self.transpose_moves_data
+        else:
             return None
         operand = self.graph.values[node.operands[0]]
-        sizes = self.space.axis_sizes
         ins = self.groups.spec_lists[self.groups.menus[node.id].in_lists[0]]
         outs = self.groups.out_specs(node.id, value.index)
-        return np.array([
-            specs.per_device_bytes(operand.shape, value.dtype,
-                                   i or specs.replicated(len(operand.shape)), sizes)
-            == specs.per_device_bytes(value.shape, value.dtype, o, sizes)
-            for i, o in zip(ins, outs)])
+        return np.array([not moves_data(node, operand, value,
+                                        i or specs.replicated(len(operand.shape)), o)
+                         for i, o in zip(ins, outs)])
+
+    def from_argument(self, value_id: int | None, through: tuple[str, ...]) -> bool:
+        """Whether a value is an argument, or made from one alone by ops of ``through``
+        (each a bitcast where the argument splits so) and loops' constants."""
+        while value_id is not None:
+            node = self.graph.node_of(value_id)
+            if node.kind == "arg":
+                return True
+            if not (node.primitive == "loop_const" or node.kind == "eqn"
+                    and node.primitive in through):
+                return False
+            value_id = node.operands[0]
+        return False
+
+    def broadcast_moves_data(self, node, operand, value, spec_in, spec_out) -> bool:
+        sizes = self.space.axis_sizes
+        return (specs.per_device_bytes(operand.shape, value.dtype, spec_in, sizes)
+                != specs.per_device_bytes(value.shape, value.dtype, spec_out, sizes))
+
+    def transpose_moves_data(self, node, operand, value, spec_in, spec_out) -> bool:
+        sizes = self.space.axis_sizes
+        local_in = specs.local_shape(operand.shape, spec_in, sizes)
+        local_out = specs.local_shape(value.shape, spec_out, sizes)
+        order = [d for d in node.params["permutation"] if local_in[d] > 1]
+        return (local_out != tuple(local_in[d] for d in node.params["permutation"])
+                or order != sorted(order))
 
     def recomputable(self, node) -> bool:
         """A cheap elementwise op of one activation and constants (a relu, a reshape): XLA

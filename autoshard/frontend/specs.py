@@ -71,6 +71,12 @@ def per_device_bytes(shape: Sequence[int], dtype, spec: Spec,
     return nbytes(shape, dtype) / num_shards(spec, axis_sizes)
 
 
+def local_shape(shape: Sequence[int], spec: Spec, axis_sizes: Mapping[str, int]
+                ) -> tuple[int, ...]:
+    """Each device's block of an array of ``shape`` split as ``spec``."""
+    return tuple(-(-size // dim_shards(axes, axis_sizes)) for size, axes in zip(shape, spec))
+
+
 def is_valid(shape: Sequence[int], spec: Spec, axis_sizes: Mapping[str, int]) -> bool:
     """Each dim divisible by its shard count, and no axis used twice."""
     used = spec_axes(spec)
