@@ -25,6 +25,7 @@ from autoshard.target.xla import (
     collective_widening,
     contraction,
     conv_result_transposed,
+    copies_bitcast_loop_operands,
     cpu_top_k_scratch,
     expensive,
     fft_on_cpu,
@@ -150,6 +151,7 @@ class Liveness:
         self._copies: dict = {}
         self._copy_starts: dict = {}
         self._reductions: dict = {}
+        self._last_reads: dict = {}
         self._uncopied = None
         self._loops = None
         self._live = self.graph.live_values()   # what jax.jit keeps of the program
@@ -207,6 +209,26 @@ class Liveness:
         return np.array([not moves_data(node, operand, value,
                                         i or specs.replicated(len(operand.shape)), o)
                          for i, o in zip(ins, outs)])
+
+    def loop_operand_copies(self):
+        """(term, first node, last node) of each copy XLA makes of a loop's stacked
+        operand that is a bitcast of an argument (``bitcast_of_operand``), held while the
+        loop runs, where its copy insertion makes one (``copies_bitcast_loop_operands``):
+        a forward and a backward scan over the layers each copy the weights they read."""
+        if not copies_bitcast_loop_operands():
+            return
+        loops = self.loops()
+        for seam in self.graph.nodes:
+            if (seam.kind != "boundary" or seam.primitive != "loop_xs" or not loops.runs(seam)
+                    or seam.operands[0] is None):
+                continue
+            stacked = self.graph.values[seam.operands[0]]
+            bitcast = self.bitcast_of_operand(stacked)
+            if bitcast is None or not bitcast.any():
+                continue
+            term = self.value_bytes(stacked.id)
+            yield (GroupTerm(term.group, np.where(bitcast, term.num_bytes, 0.0)),
+                   loops.start(seam), loops.body_end(seam))
 
     def from_argument(self, value_id: int | None, through: tuple[str, ...]) -> bool:
         """Whether a value is an argument, or made from one alone by ops of ``through``
@@ -274,7 +296,14 @@ class Liveness:
         one is read where the chain's consumers run (a pre-activation kept for the backward
         pass). The result of a ``recomputable`` op is read from memory only by the nodes
         that cannot fuse it (the next convolution); the fusions recompute it from its
-        operand. A reader in ``copied`` (value, node) reads a copy made earlier instead."""
+        operand. A reader in ``copied`` (value, node) reads a copy made earlier instead.
+        Computed once per ``copied``."""
+        key = frozenset(copied)
+        if key not in self._last_reads:
+            self._last_reads[key] = self._last_reads_of(copied)
+        return self._last_reads[key]
+
+    def _last_reads_of(self, copied: set) -> list[int]:
         graph, einsums, materialized = self.graph, self.space.einsums, self.space.materialized
         direct = [v.producer for v in graph.values]    # nodes reading the buffer as such
         fused = [v.producer for v in graph.values]     # fusions computing from the value
@@ -507,6 +536,27 @@ class Liveness:
                 last = self.held_to(value.id, user, from_args, copied)
                 if last >= starts[user]:
                     yield term, starts[user], last
+                yield from self.held_under_bitcast(term, user, last, copied)
+
+    def held_under_bitcast(self, term, user: int, last: int, copied: Set):
+        """A resharded copy (a weight gathered) that its reader, a broadcast, turns into a
+        bitcast (``bitcast_of_operand``): held on, in the reader's strategies that are
+        one, until the broadcast's result is last read (through a loop it enters as a
+        constant: to the loop's end)."""
+        node = self.graph.nodes[user]
+        if node.kind != "eqn" or node.primitive != "broadcast_in_dim":
+            return
+        bitcast = self.bitcast_of_operand(self.graph.values[node.outputs[0]])
+        if bitcast is None or not bitcast.any():
+            return
+        end = self.last_reads(copied)[node.outputs[0]]
+        if end <= last:
+            return
+        if isinstance(term, PairTerm):
+            kept = PairTerm(term.u, term.v, np.where(bitcast[None, :], term.num_bytes, 0.0))
+        else:
+            kept = GroupTerm(term.group, np.where(bitcast, term.num_bytes, 0.0))
+        yield kept, last + 1, end
 
     def layout_copies(self, from_args: Sequence[bool], transposed):
         """(term, first node, last node) of the copies XLA makes of operands it reads in
@@ -717,6 +767,7 @@ class Liveness:
         spans += self.collective_buffers(last_read)
         spans += self.layout_copies(from_args, transposed)
         spans += self.scratch_buffers()
+        spans += self.loop_operand_copies()
         self._uncopied = Uncopied(tuple(terms), tuple(fixed), tuple(spans), tuple(from_args),
                                   frozenset(copied))
         return self._uncopied

@@ -314,6 +314,26 @@ def hoisted_runs(graph: Graph, stored: Sequence[float]) -> list[float]:
     return [invariant[n.id] if hoisted[n.id] else n.weight for n in graph.nodes]
 
 
+@functools.cache
+def copies_bitcast_loop_operands() -> bool:
+    """Whether XLA copies a loop's stacked operand that is a bitcast of an argument (a
+    transpose moving only dims of one element) into the loop's state, a buffer held
+    while the loop runs: jax 0.10's XLA does (its copy insertion does not see that the
+    loop only reads it); jax 0.12's reads the argument's buffer. Read from a scan over
+    such a transpose compiled on this process's CPU (copy insertion is the same pass on
+    every backend)."""
+    import jax
+
+    def scan_transposed(w, x):
+        stacked = jax.numpy.transpose(w[None], (1, 0, 2, 3))
+        return jax.lax.scan(lambda h, wi: (h @ wi[0], None), x, stacked)[0]
+    f32 = np.float32
+    text = jax.jit(scan_transposed, backend="cpu").lower(
+        jax.ShapeDtypeStruct((4, 8, 8), f32), jax.ShapeDtypeStruct((2, 8), f32)
+    ).compile().as_text()
+    return any(" copy(" in line and "f32[4,1,8,8]" in line for line in text.splitlines())
+
+
 # -- layouts: operands XLA copies into another layout before a dot or convolution ------
 
 def transposed_for_dot(node, i: int) -> bool:
