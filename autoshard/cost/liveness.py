@@ -541,22 +541,28 @@ class Liveness:
     def held_under_bitcast(self, term, user: int, last: int, copied: Set):
         """A resharded copy (a weight gathered) that its reader, a broadcast, turns into a
         bitcast (``bitcast_of_operand``): held on, in the reader's strategies that are
-        one, until the broadcast's result is last read (through a loop it enters as a
-        constant: to the loop's end)."""
-        node = self.graph.nodes[user]
-        if node.kind != "eqn" or node.primitive != "broadcast_in_dim":
-            return
-        bitcast = self.bitcast_of_operand(self.graph.values[node.outputs[0]])
-        if bitcast is None or not bitcast.any():
-            return
-        end = self.last_reads(copied)[node.outputs[0]]
-        if end <= last:
+        one, until the broadcast's result is last read (``bitcast_read_to``)."""
+        bitcast, end = self.bitcast_read_to(user, copied)
+        if bitcast is None or end <= last:
             return
         if isinstance(term, PairTerm):
             kept = PairTerm(term.u, term.v, np.where(bitcast[None, :], term.num_bytes, 0.0))
         else:
             kept = GroupTerm(term.group, np.where(bitcast, term.num_bytes, 0.0))
         yield kept, last + 1, end
+
+    def bitcast_read_to(self, node_id: int, copied: Set) -> tuple[np.ndarray | None, int]:
+        """For a broadcast that is a bitcast of its operand in some of its group's
+        strategies (``bitcast_of_operand``): those strategies, and the last node that reads
+        its result, which reads the operand's buffer (through a loop it enters as a
+        constant: the loop's end). (None, -1) for other nodes."""
+        node = self.graph.nodes[node_id]
+        if node.kind != "eqn" or node.primitive != "broadcast_in_dim":
+            return None, -1
+        bitcast = self.bitcast_of_operand(self.graph.values[node.outputs[0]])
+        if bitcast is None or not bitcast.any():
+            return None, -1
+        return bitcast, self.last_reads(copied)[node.outputs[0]]
 
     def layout_copies(self, from_args: Sequence[bool], transposed):
         """(term, first node, last node) of the copies XLA makes of operands it reads in
@@ -897,12 +903,15 @@ class Liveness:
         of them that may make it (see ``copy_starts``) to the last that shares it, as a
         term per reading node, each held up to that node (``held_to``) if a read at or
         after it shares the copy (``shared.held_until``); ``held``: per copy, (value, bytes,
-        those (index, node)), ``SharedCopies.held``."""
+        those (index, node)), ``SharedCopies.held``. A reader that is a bitcast of the copy
+        holds it while its result is read (``bitcast_read_to``), in each of its strategies:
+        a shared copy is held or not, whatever the reader's."""
         for value_id, num_bytes, until in held:
             starts = self.copy_starts(value_id, from_args)
             first = min(starts[node] for _, node in until)
             for k, node in until:
-                last = self.held_to(value_id, node, from_args, copied)
+                last = max(self.held_to(value_id, node, from_args, copied),
+                           self.bitcast_read_to(node, copied)[1])
                 if last >= first:
                     yield CopyTerm(k, num_bytes), first, last
                 first = node + 1

@@ -198,3 +198,22 @@ def test_accumulated_weights_per_replica_are_the_weights_themselves(microbatches
     assert plan.microbatching.replicas == 8
     live, _ = buffer_bytes(plan.jit().lower(params, x))
     assert plan.cost.memory_bytes == pytest.approx(live, rel=TOLERANCE)
+
+
+@pytest.mark.parametrize("microbatches", [2, 4])
+def test_accumulated_weights_gathered_once_are_held_through_the_loop(microbatches, mesh_2d):
+    """Weights split over the whole mesh are gathered once before the accumulation loop
+    and broadcast to a copy per replica slice, a bitcast of the gathered weights: the
+    gathered buffer is held while the loop reads the copies. The model freed it at the
+    broadcast: 18 % under on jax 0.10, where XLA also holds it. (jax 0.12's XLA holds
+    less at once in that loop; the model is over there, never under.)"""
+    params = {"a": jax.ShapeDtypeStruct((4, 256, 1024), jnp.float32),
+              "b": jax.ShapeDtypeStruct((4, 1024, 256), jnp.float32)}
+    x = jax.ShapeDtypeStruct((1024, 256), jnp.float32)
+    split = P(None, ("data", "model"))
+    plan = autoshard.plan(mlp_stack_step, params, x, mesh=mesh_2d, microbatches=microbatches,
+                          remat="nothing_saveable", donate_argnums=(0,), cache=False,
+                          pins={"params['a']": split, "params['b']": split}, progress=False)
+    assert plan.microbatching.replicas == 8
+    live, _ = buffer_bytes(plan.jit().lower(params, x))
+    assert plan.cost.memory_bytes >= (1 - TOLERANCE) * live

@@ -271,7 +271,8 @@ def compiled_bytes(plan, args) -> int:
 def settings_tried(mesh):
     """The plan ``remat="auto"`` and ``microbatches="auto"`` choose under a budget plans
     without remat miss, and each setting it tried, planned alone under that budget (None
-    where the search found it over the budget, and planning it alone must say so)."""
+    where the search found it over the budget, and planning it alone must say so; None
+    too where the search dropped it as unable to beat the best and no plan of it fits)."""
     args = stack_args()
     plan = functools.partial(autoshard.plan, stack_step, *args, mesh=mesh,
                              hardware=autoshard.H100, cache=False, progress=False)
@@ -287,6 +288,11 @@ def settings_tried(mesh):
                 with pytest.raises(autoshard.MemoryBudgetError):
                     plan(memory_budget=budget)
                 alone.append((t, None))
+            elif t["outcome"].startswith("cannot beat"):
+                try:
+                    alone.append((t, plan(memory_budget=budget)))
+                except autoshard.MemoryBudgetError:
+                    alone.append((t, None))
             else:
                 alone.append((t, plan(memory_budget=budget)))
     return args, budget, chosen, alone
