@@ -186,7 +186,9 @@ class Liveness:
 
     def bitcast_of_operand(self, value) -> np.ndarray | None:
         """Per group strategy, whether a broadcast or transpose of an argument is a
-        bitcast of it, the argument's buffer living throughout. A broadcast: each device
+        bitcast of it: the argument's buffer lives throughout, and a copy resharding it
+        for a broadcast is held as long as the broadcast's result (``bitcast_read_to``).
+        A broadcast: each device
         holds as many elements of the result as of the argument, the added dims split to
         one element a device (a weight broadcast to a copy per replica slice of a batch,
         the copies split over the replica axes, is each device's own weight). A
