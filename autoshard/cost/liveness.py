@@ -217,8 +217,6 @@ class Liveness:
         operand that is a bitcast of an argument (``bitcast_of_operand``), held while the
         loop runs, where its copy insertion makes one (``copies_bitcast_loop_operands``):
         a forward and a backward scan over the layers each copy the weights they read."""
-        if not copies_bitcast_loop_operands():
-            return
         loops = self.loops()
         for seam in self.graph.nodes:
             if (seam.kind != "boundary" or seam.primitive != "loop_xs" or not loops.runs(seam)
@@ -226,7 +224,7 @@ class Liveness:
                 continue
             stacked = self.graph.values[seam.operands[0]]
             bitcast = self.bitcast_of_operand(stacked)
-            if bitcast is None or not bitcast.any():
+            if bitcast is None or not bitcast.any() or not copies_bitcast_loop_operands():
                 continue
             term = self.value_bytes(stacked.id)
             yield (GroupTerm(term.group, np.where(bitcast, term.num_bytes, 0.0)),
