@@ -152,6 +152,7 @@ class Liveness:
         self._copy_starts: dict = {}
         self._reductions: dict = {}
         self._last_reads: dict = {}
+        self._bitcasts: dict = {}
         self._uncopied = None
         self._loops = None
         self._live = self.graph.live_values()   # what jax.jit keeps of the program
@@ -188,14 +189,18 @@ class Liveness:
         """Per group strategy, whether a broadcast or transpose of an argument is a
         bitcast of it: the argument's buffer lives throughout, and a copy resharding it
         for a broadcast is held as long as the broadcast's result (``bitcast_read_to``).
-        A broadcast: each device
-        holds as many elements of the result as of the argument, the added dims split to
-        one element a device (a weight broadcast to a copy per replica slice of a batch,
-        the copies split over the replica axes, is each device's own weight). A
-        transpose: on each device it moves only dims of one element (that weight copy's
-        replica dim moved behind its layer dim, for a scan over layers). A transpose
-        reads its argument through such broadcasts and loops' constants. None for other
-        nodes."""
+        A broadcast: each device holds as many elements of the result as of the
+        argument, the added dims split to one element a device (a weight broadcast to a
+        copy per replica slice of a batch, the copies split over the replica axes, is
+        each device's own weight). A transpose: on each device it moves only dims of one
+        element (that weight copy's replica dim moved behind its layer dim, for a scan
+        over layers). A transpose reads its argument through such broadcasts and loops'
+        constants. None for other nodes. Computed once per value."""
+        if value.id not in self._bitcasts:
+            self._bitcasts[value.id] = self._bitcast_of_operand(value)
+        return self._bitcasts[value.id]
+
+    def _bitcast_of_operand(self, value) -> np.ndarray | None:
         node = self.graph.nodes[value.producer]
         if (node.primitive == "broadcast_in_dim" and node.operands[0] is not None
                 and self.graph.node_of(node.operands[0]).kind == "arg"):
