@@ -249,13 +249,12 @@ def slice_copy_seconds(node: Node, out_shapes, in_bytes_each, out_bytes, hw: Har
 
 
 def concatenation(combined, num_bytes: float, node, ctx) -> float:
-    """Seconds a backend that concatenates a combined all-reduce's operands into one
-    buffer (``Backend.concatenated_all_reduce``) spends copying this node's share in:
-    its bytes read and written once per combined all-reduce it joins."""
-    if not ctx.backend.concatenated_all_reduce:
-        return 0.0
+    """Seconds a backend that copies a combined all-reduce's operands into one buffer
+    and its result back out (``Backend.all_reduce_copies``) spends copying this node's
+    share: its bytes read and written once a copy, per combined all-reduce it joins."""
+    copies = ctx.backend.all_reduce_copies
     joins = sum(kind == "all-reduce" for kind, _ in combined)
-    return ctx.hardware.compute_seconds(0.0, 2 * num_bytes * joins) * node.weight
+    return ctx.hardware.compute_seconds(0.0, 2 * num_bytes * joins * copies) * node.weight
 
 
 def reduction_variants(node, name, in_specs, out_specs, out_shapes, out_bytes, partial_axes,

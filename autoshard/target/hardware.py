@@ -178,8 +178,8 @@ class Backend:
     narrower floats at (CPU XLA runs them in f32, so what they read and write is stored
     in f32: ``xla.stored_widening``; 0: the dtype's own). ``native_reduce_scatter``:
     whether XLA forms reduce-scatter (CPU all-reduces and keeps a slice).
-    ``concatenated_all_reduce``: whether XLA copies a combined all-reduce's operands
-    into one buffer first (GPU: ``xla.concatenates_combined_all_reduces``).
+    ``all_reduce_copies``: how many times XLA copies a combined all-reduce's bytes (GPU:
+    into one buffer, and back out by slices: ``xla.combined_all_reduce_copies``).
     ``widened_contractions``: the primitives XLA runs on narrow floats at
     ``contraction_itemsize`` in memory too: each narrow operand held in memory is read
     through a wide copy, each result written wide (CPU: ``xla.cpu_widened_contractions``).
@@ -191,7 +191,7 @@ class Backend:
     collective_itemsize: int
     native_reduce_scatter: bool
     contraction_itemsize: int = 0
-    concatenated_all_reduce: bool = False
+    all_reduce_copies: int = 0
     widened_contractions: tuple[str, ...] = ()
     whole_primitives: tuple[str, ...] = ()
 
@@ -222,7 +222,7 @@ class Backend:
         platform = mesh.devices.flat[0].platform
         family = "gpu" if platform in ("cuda", "rocm") else platform
         from autoshard.target.xla import (
-            concatenates_combined_all_reduces,
+            combined_all_reduce_copies,
             cpu_partitions_top_k,
             cpu_widened_contractions,
         )
@@ -231,8 +231,8 @@ class Backend:
                    collective_itemsize=4 if cpu else 0,
                    native_reduce_scatter=not cpu,
                    contraction_itemsize=4 if cpu else 0,
-                   concatenated_all_reduce=family == "gpu" and concatenates_combined_all_reduces(
-                       mesh.devices.flat),
+                   all_reduce_copies=combined_all_reduce_copies(mesh.devices.flat)
+                   if family == "gpu" else 0,
                    widened_contractions=cpu_widened_contractions() if cpu else (),
                    whole_primitives=("top_k",) if cpu and not cpu_partitions_top_k() else ())
 

@@ -129,21 +129,23 @@ def cpu_contraction_itemsize() -> int:
     return 4 if "f32[64,64]" in text else 0
 
 
-def concatenates_combined_all_reduces(devices) -> bool:
-    """Whether XLA on ``devices`` copies the operands of a combined all-reduce into one
-    buffer before reducing it (XLA:GPU's combiner concatenates them; XLA:CPU's passes
-    them as a tuple): each combined all-reduce then reads and writes its bytes once
-    more. Read from two partial sums compiled for two of the devices; False on one, and
-    where they compile nothing (devices that only describe a kind)."""
+def combined_all_reduce_copies(devices) -> int:
+    """How many times XLA on ``devices`` copies the bytes of a combined all-reduce
+    besides reducing them. XLA:CPU passes the operands as a tuple: 0. XLA:GPU's combiner
+    concatenates them into one buffer (1), and splits the reduced buffer back into each
+    result's own by a slice kernel apiece, even where an elementwise op reads it next (2).
+    Each copy reads and writes the bytes once. Read from two partial sums compiled for
+    two of the devices and scaled after; 0 on one device, and where they compile nothing
+    (devices that only describe a kind)."""
     devices = tuple(devices)
     try:
-        return len(devices) > 1 and _concatenates_combined_all_reduces(devices[:2])
+        return _combined_all_reduce_copies(devices[:2]) if len(devices) > 1 else 0
     except (AttributeError, TypeError, ValueError, RuntimeError):
-        return False
+        return 0
 
 
 @functools.cache
-def _concatenates_combined_all_reduces(devices: tuple) -> bool:
+def _combined_all_reduce_copies(devices: tuple) -> int:
     import re
 
     import jax
@@ -151,15 +153,30 @@ def _concatenates_combined_all_reduces(devices: tuple) -> bool:
 
     mesh = Mesh(np.array(devices), ("d",))
     cols, rows = (NamedSharding(mesh, PartitionSpec(*spec)) for spec in ((None, "d"), ("d",)))
-    two_sums = jax.jit(lambda x, w, y, v: (x @ w, y @ v), in_shardings=(cols, rows) * 2,
+    two_sums = jax.jit(lambda x, w, y, v: (2 * (x @ w), 3 * (y @ v)),
+                       in_shardings=(cols, rows) * 2,
                        out_shardings=NamedSharding(mesh, PartitionSpec()))
     square = jax.ShapeDtypeStruct((64, 64), np.float32)
     text = two_sums.lower(*[square] * 4).compile().as_text()
-    found = re.search(r"all-reduce(?:-start)?\((%[\w.-]+)", text)
-    if found is None:
-        return False
-    made = re.search(rf"^\s*{re.escape(found.group(1))} = .*$", text, re.MULTILINE)
-    return made is not None and "concatenate" in made.group(0)
+    reduced = re.search(r"^\s*(%[\w.-]+) = \S+ all-reduce(?:-start)?\((%[\w.-]+)", text,
+                        re.MULTILINE)
+    if reduced is None:
+        return 0
+    made = re.search(rf"^\s*{re.escape(reduced.group(2))} = .*$", text, re.MULTILINE)
+    if made is None or "concatenate" not in made.group(0):
+        return 0
+    result = reduced.group(1)
+    done = re.search(rf"^\s*(%[\w.-]+) = .*all-reduce-done\({re.escape(result)}\)", text,
+                     re.MULTILINE)
+    result = done.group(1) if done else result
+    sliced = re.search(rf"^\s*%[\w.-]+ = \S+ fusion\({re.escape(result)}\).*"
+                       r"calls=(%[\w.-]+)", text, re.MULTILINE)
+    if sliced is None:
+        return 1
+    body = re.search(rf"^{re.escape(sliced.group(1))} .*?^}}", text, re.MULTILINE | re.DOTALL)
+    ops = re.findall(r"^\s*(?:ROOT )?%[\w.-]+ = \S+ ([\w-]+)\(", body.group(0) if body else "",
+                     re.MULTILINE)
+    return 2 if ops and set(ops) <= {"parameter", "slice", "bitcast"} else 1
 
 
 # -- the width a backend moves and stores narrow floats at -----------------------------
