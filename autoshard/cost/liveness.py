@@ -264,9 +264,11 @@ class Liveness:
     def recomputable(self, node) -> bool:
         """A cheap elementwise op of one activation and constants (a relu, a reshape): XLA
         computes it again inside every fusion reading it rather than read its result. Not
-        one that also reads a broadcast statistic (x - mean): reductions read that one."""
+        one that also reads a broadcast statistic (x - mean): reductions read that one. An
+        expensive one only where the backend duplicates it (``Backend.duplicated``)."""
         einsum = self.space.einsums[node.id]
-        if node.kind != "eqn" or einsum is None or not einsum.fusible or expensive(einsum):
+        if (node.kind != "eqn" or einsum is None or not einsum.fusible
+                or expensive(einsum, node, self.space.backend.duplicated)):
             return False
         sizes = [math.prod(self.graph.values[v].shape) for v in node.operands if v is not None]
         return sum(n > 1 for n in sizes) <= 1

@@ -506,7 +506,7 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
                 einsum = computed_whole(einsum)
             rules_seen[signature] = einsum
         einsums.append(rules_seen[signature])
-    materialized = materialized_values(graph, einsums)
+    materialized = materialized_values(graph, einsums, backend.duplicated)
     stored = stored_widening(graph, einsums, materialized, backend.contraction_itemsize)
     runs = hoisted_runs(graph, stored)
     fused = fused_static_slices(graph, einsums)

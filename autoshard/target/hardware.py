@@ -180,9 +180,12 @@ class Backend:
     whether XLA forms reduce-scatter (CPU all-reduces and keeps a slice).
     ``all_reduce_copies``: how many times XLA copies a combined all-reduce's bytes (GPU:
     into one buffer, and back out by slices: ``xla.combined_all_reduce_copies``).
-    ``widened_contractions``: the primitives XLA runs on narrow floats at
-    ``contraction_itemsize`` in memory too: each narrow operand held in memory is read
-    through a wide copy, each result written wide (CPU: ``xla.cpu_widened_contractions``).
+    ``duplicated``: the expensive elementwise primitives XLA computes again in each
+    fusion reading them instead of holding their result (GPU: tanh, exp, ...:
+    ``xla.duplicated_elementwise``). ``widened_contractions``: the primitives XLA runs
+    on narrow floats at ``contraction_itemsize`` in memory too: each narrow operand held
+    in memory is read through a wide copy, each result written wide (CPU:
+    ``xla.cpu_widened_contractions``).
     ``whole_primitives``: the primitives XLA's partitioner computes whole whatever their
     specs, gathering their operands (CPU: top_k, ``xla.cpu_partitions_top_k``)."""
 
@@ -192,6 +195,7 @@ class Backend:
     native_reduce_scatter: bool
     contraction_itemsize: int = 0
     all_reduce_copies: int = 0
+    duplicated: frozenset[str] = frozenset()
     widened_contractions: tuple[str, ...] = ()
     whole_primitives: tuple[str, ...] = ()
 
@@ -225,6 +229,7 @@ class Backend:
             combined_all_reduce_copies,
             cpu_partitions_top_k,
             cpu_widened_contractions,
+            duplicated_elementwise,
         )
         cpu = family == "cpu"
         return cls(platform=family, combined=COMBINED_COLLECTIVES.get(family, ()),
@@ -233,6 +238,8 @@ class Backend:
                    contraction_itemsize=4 if cpu else 0,
                    all_reduce_copies=combined_all_reduce_copies(mesh.devices.flat)
                    if family == "gpu" else 0,
+                   duplicated=duplicated_elementwise(mesh.devices.flat)
+                   if family == "gpu" else frozenset(),
                    widened_contractions=cpu_widened_contractions() if cpu else (),
                    whole_primitives=("top_k",) if cpu and not cpu_partitions_top_k() else ())
 

@@ -179,6 +179,58 @@ def _combined_all_reduce_copies(devices: tuple) -> int:
     return 2 if ops and set(ops) <= {"parameter", "slice", "bitcast"} else 1
 
 
+# the expensive elementwise primitives a probe reads, as jax computes them and as the
+# HLO opcode XLA names them by (ops XLA expands into others are not read)
+PROBED_ELEMENTWISE = {
+    "exp": ("exp", "exponential"), "expm1": ("expm1", "exponential-minus-one"),
+    "log": ("log", "log"), "log1p": ("log1p", "log-plus-one"), "tanh": ("tanh", "tanh"),
+    "sqrt": ("sqrt", "sqrt"), "rsqrt": ("rsqrt", "rsqrt"), "cbrt": ("cbrt", "cbrt"),
+    "logistic": ("logistic", "logistic"), "div": ("div", "divide"),
+    "pow": ("pow", "power"), "atan2": ("atan2", "atan2"), "erf": ("erf", "erf")}
+
+
+def duplicated_elementwise(devices) -> frozenset[str]:
+    """The expensive elementwise primitives (``Einsum.expensive``) XLA on ``devices``
+    computes again inside every fusion that reads them, rather than write their result
+    once: XLA:GPU's priority fusion duplicates a tanh into the forward's fusion and the
+    backward's, so the tanh a gradient reads is never held. Read from one program
+    compiled for one of the devices, where each op is read by a dot's fusion and by an
+    elementwise one after it; empty where it compiles nothing (devices that only
+    describe a kind)."""
+    devices = tuple(devices)
+    try:
+        return _duplicated_elementwise(devices[:1]) if devices else frozenset()
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        return frozenset()
+
+
+@functools.cache
+def _duplicated_elementwise(devices: tuple) -> frozenset[str]:
+    import re
+
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    def op(name, x):
+        if name in ("div", "pow", "atan2"):
+            return getattr(jax.lax, name)(x, x + 2.0)
+        return getattr(jax.lax, name)(x)
+
+    def readers(x, w, g):   # each op read before a dot and after it
+        outs = []
+        for name in PROBED_ELEMENTWISE:
+            t = op(name, x)
+            outs.append((1 - t * t) * (((t + 1) @ w) @ w) * g)
+        return outs
+    replicated = NamedSharding(Mesh(np.array(devices), ("d",)), PartitionSpec())
+    square = jax.ShapeDtypeStruct((128, 128), np.float32)
+    text = jax.jit(readers, in_shardings=replicated, out_shardings=replicated).lower(
+        square, square, square).compile().as_text()
+    computations = re.split(r"\n(?=\S)", text)
+    return frozenset(name for name, (_, opcode) in PROBED_ELEMENTWISE.items()
+                     if sum(f" {opcode}(" in c for c in computations) > 1)
+
+
 # -- the width a backend moves and stores narrow floats at -----------------------------
 
 @functools.cache
@@ -474,15 +526,17 @@ def folded_into_dots(graph: Graph, value) -> bool:
             and all(graph.nodes[u].primitive == "dot_general" for u, _ in users))
 
 
-def materialized_values(graph: Graph, einsums) -> list[bool]:
+def materialized_values(graph: Graph, einsums, duplicated: frozenset = frozenset()
+                        ) -> list[bool]:
     """Which values XLA keeps in memory: not those fused between elementwise ops.
 
     Transposes read only by dots are not (``folded_into_dots``). Values crossing a loop
     or branch seam are in memory: the loop state, and the slices a body reads from
     stacked xs or writes into stacked ys, every iteration (a scan unrolled whole stacks
     nothing: its ys are read where the body wrote them, in memory or not). So are the
-    results of expensive ops read by several nodes (XLA computes them once), and what a
-    reduction does not fuse (``kept_from_reduction``)."""
+    results of expensive ops read by several nodes (XLA computes them once; not those
+    the backend computes in each reader: ``duplicated``), and what a reduction does not
+    fuse (``kept_from_reduction``)."""
     outputs = set(v for v in graph.outputs if v is not None)
 
     def seam(node_id):
@@ -503,7 +557,8 @@ def materialized_values(graph: Graph, einsums) -> list[bool]:
         users = {u for u, _ in graph.users[value.id]}
         flags.append(any(einsums[u] is None or not einsums[u].fusible or stacked_by_a_loop(u)
                          for u in users)
-                     or expensive(einsums[value.producer]) and len(users) > 1)
+                     or expensive(einsums[value.producer], graph.nodes[value.producer],
+                                  duplicated) and len(users) > 1)
     feeds, statistics = feeds_reductions(graph, einsums), statistics_of(graph, einsums)
     squared = feeds_reductions(graph, einsums, unary_only=True)
     for value in graph.values:
@@ -532,10 +587,11 @@ def fused_static_slices(graph: Graph, einsums) -> list[bool]:
     return fused
 
 
-def expensive(einsum) -> bool:
+def expensive(einsum, node, duplicated: frozenset = frozenset()) -> bool:
     """An elementwise op XLA fuses into one consumer only (``Einsum.expensive``): read by
-    several, its result is written to memory."""
-    return einsum is not None and einsum.expensive
+    several, its result is written to memory. Not one the backend computes again in
+    each reader (``Backend.duplicated``)."""
+    return einsum is not None and einsum.expensive and node.primitive not in duplicated
 
 
 def reduction(einsum) -> bool:
