@@ -134,9 +134,9 @@ def combined_all_reduce_copies(devices) -> int:
     besides reducing them. XLA:CPU passes the operands as a tuple: 0. XLA:GPU's combiner
     concatenates them into one buffer (1), and splits the reduced buffer back into each
     result's own by a slice kernel apiece, even where an elementwise op reads it next (2).
-    Each copy reads and writes the bytes once. Read from two partial sums compiled for
-    two of the devices and scaled after; 0 on one device, and where they compile nothing
-    (devices that only describe a kind)."""
+    Each copy reads and writes the bytes once. Read from two partial sums, each scaled
+    after, compiled for two of the devices; 0 on one device, and where they compile
+    nothing (devices that only describe a kind)."""
     devices = tuple(devices)
     try:
         return _combined_all_reduce_copies(devices[:2]) if len(devices) > 1 else 0
@@ -179,14 +179,13 @@ def _combined_all_reduce_copies(devices: tuple) -> int:
     return 2 if ops and set(ops) <= {"parameter", "slice", "bitcast"} else 1
 
 
-# the expensive elementwise primitives a probe reads, as jax computes them and as the
-# HLO opcode XLA names them by (ops XLA expands into others are not read)
+# the expensive elementwise primitives (jax.lax's names) a probe reads, and the HLO
+# opcode XLA names each by (ops XLA expands into others are not read)
 PROBED_ELEMENTWISE = {
-    "exp": ("exp", "exponential"), "expm1": ("expm1", "exponential-minus-one"),
-    "log": ("log", "log"), "log1p": ("log1p", "log-plus-one"), "tanh": ("tanh", "tanh"),
-    "sqrt": ("sqrt", "sqrt"), "rsqrt": ("rsqrt", "rsqrt"), "cbrt": ("cbrt", "cbrt"),
-    "logistic": ("logistic", "logistic"), "div": ("div", "divide"),
-    "pow": ("pow", "power"), "atan2": ("atan2", "atan2"), "erf": ("erf", "erf")}
+    "exp": "exponential", "expm1": "exponential-minus-one", "log": "log",
+    "log1p": "log-plus-one", "tanh": "tanh", "sqrt": "sqrt", "rsqrt": "rsqrt",
+    "cbrt": "cbrt", "logistic": "logistic", "div": "divide", "pow": "power",
+    "atan2": "atan2", "erf": "erf"}
 
 
 def duplicated_elementwise(devices) -> frozenset[str]:
@@ -227,7 +226,7 @@ def _duplicated_elementwise(devices: tuple) -> frozenset[str]:
     text = jax.jit(readers, in_shardings=replicated, out_shardings=replicated).lower(
         square, square, square).compile().as_text()
     computations = re.split(r"\n(?=\S)", text)
-    return frozenset(name for name, (_, opcode) in PROBED_ELEMENTWISE.items()
+    return frozenset(name for name, opcode in PROBED_ELEMENTWISE.items()
                      if sum(f" {opcode}(" in c for c in computations) > 1)
 
 
