@@ -635,7 +635,11 @@ def _linen_lm_step(state, tokens):
 
 
 def linen_clip() -> CorpusCase:
-    """A flax linen transformer LM stepped with optax.chain(clip_by_global_norm, adamw)."""
+    """A flax linen transformer LM stepped with optax.chain(clip_by_global_norm, adamw).
+    Its gradients are reduced over the mesh in another order than on one device; where
+    one is near zero, adamw's step (about the learning rate, whatever the gradient's
+    size) moves by a few percent of the learning rate (4.2e-5 measured on jax 0.12.0.1,
+    one element of a value kernel's 4,096): ``atol`` a tenth of it."""
     from flax.training import train_state
 
     class TrainState(train_state.TrainState):
@@ -652,7 +656,8 @@ def linen_clip() -> CorpusCase:
              (r"\['Dense_1'\]\['kernel'\]", ROW), (r"\['Embed_0'\]\['embedding'\]", ROW))
     return CorpusCase("linen_clip", "flax.linen", _linen_lm_step, (state, tokens),
                       ("state", "tokens"), (1,), rules, {0: 0},
-                      zero_gradient_outputs=(r"\['key'\]\['bias'\]",))
+                      zero_gradient_outputs=(r"\['key'\]\['bias'\]",),
+                      atol=0.1 * LEARNING_RATE)
 
 
 
