@@ -238,6 +238,8 @@ class Backend:
                    contraction_itemsize=4 if cpu else 0,
                    all_reduce_copies=combined_all_reduce_copies(mesh.devices.flat)
                    if family == "gpu" else 0,
+                   # read for GPUs only: the probe says XLA:CPU duplicates exp and float
+                   # division too, which the CPU memory tables have not been checked on
                    duplicated=duplicated_elementwise(mesh.devices.flat)
                    if family == "gpu" else frozenset(),
                    widened_contractions=cpu_widened_contractions() if cpu else (),
