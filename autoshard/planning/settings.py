@@ -26,6 +26,7 @@ from autoshard.frontend.specs import dim_shards
 from autoshard.planning.options import PlanOptions
 from autoshard.rewrite.accumulate import Microbatching, TraceRecord, microbatching
 from autoshard.rewrite.pipeline import Pipelining
+from autoshard.rewrite.traces import Traces
 from autoshard.solver.solve import CannotBeat
 from autoshard.units import axis_sizes
 
@@ -42,12 +43,14 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass(frozen=True)
 class Search:
     """The program whose settings are searched: ``fn`` at ``args`` planned with
-    ``options``, each setting's program by ``plan_program(fn, args, options)``."""
+    ``options``, each setting's program by ``plan_program(fn, args, options)``; the
+    marked loss's jaxprs kept across settings in ``traces``."""
 
     plan_program: PlanProgram
     fn: Callable
     args: tuple
     options: PlanOptions
+    traces: Traces = dataclasses.field(default_factory=Traces, compare=False)
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -59,7 +62,7 @@ class Search:
         pipeline's stages on ``mesh``) and planned; ``CannotBeat`` where no plan is
         faster than ``beat`` seconds."""
         options = dataclasses.replace(self.options, seconds_to_beat=beat)
-        with microbatching(setting, record, mesh):
+        with microbatching(setting, record, mesh, self.traces):
             return self.plan_program(self.fn, self.args, options)
 
 
@@ -120,6 +123,11 @@ def plan_with_microbatches(search: Search):
                          "the program (a function under jax.jit traced before keeps its "
                          "first trace: mark it or call it unjitted)")
     size = record.batch_sizes[0]
+    if size is None and microbatches != 1:
+        raise InputError("microbatches split the marked loss's batch, and the loss takes "
+                         "none: pass the batch to it as an argument that is not "
+                         "differentiated (value_and_grad(loss)(params, batch)), not closed "
+                         "over")
     sizes = search.sizes
     candidates = replica_candidates(base, size, sizes)
     counts = [int(microbatches)] if microbatches != "auto" else \

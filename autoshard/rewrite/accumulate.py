@@ -37,6 +37,7 @@ from jax import lax
 from autoshard.errors import InputError
 from autoshard.frontend import jax_compat
 from autoshard.rewrite.pipeline import Pipelining, pipelined
+from autoshard.rewrite.traces import Traces
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +58,8 @@ class Microbatching:
 class TraceRecord:
     """What the marked losses saw while one program was traced."""
 
-    batch_sizes: list[int] = dataclasses.field(default_factory=list)
+    # per marked loss, its batch's rows (None: it takes no batch argument)
+    batch_sizes: list[int | None] = dataclasses.field(default_factory=list)
     stack_layers: list[int] = dataclasses.field(default_factory=list)   # pipelined stacks
 
 
@@ -66,18 +68,20 @@ _SETTING: contextvars.ContextVar = contextvars.ContextVar("autoshard_microbatchi
 _RECORD: contextvars.ContextVar = contextvars.ContextVar("autoshard_trace_record",
                                                         default=None)
 _MESH: contextvars.ContextVar = contextvars.ContextVar("autoshard_mesh", default=None)
+_TRACES: contextvars.ContextVar = contextvars.ContextVar("autoshard_traces", default=None)
 
 
 @contextlib.contextmanager
 def microbatching(setting: Microbatching | None, record: TraceRecord | None = None,
-                  mesh=None):
+                  mesh=None, traces: Traces | None = None):
     """Marked losses traced inside run as ``setting`` says (``None``: as written), a
-    pipeline's stages on ``mesh``."""
-    tokens = _SETTING.set(setting), _RECORD.set(record), _MESH.set(mesh)
+    pipeline's stages on ``mesh``, their jaxprs kept in ``traces`` for the next setting."""
+    variables = (_SETTING, _RECORD, _MESH, _TRACES)
+    tokens = [var.set(value) for var, value in zip(variables, (setting, record, mesh, traces))]
     try:
         yield
     finally:
-        for var, token in zip((_SETTING, _RECORD, _MESH), tokens):
+        for var, token in zip(variables, tokens):
             var.reset(token)
 
 
@@ -118,14 +122,12 @@ def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0,
     def marked(*args, **kwargs):
         setting, record = _SETTING.get(), _RECORD.get()
         if record is not None:
-            size = batch_size(args, argnums)
-            if size is not None:
-                record.batch_sizes.append(size)
+            record.batch_sizes.append(batch_size(args, argnums))
         if setting is not None and (setting.pipeline is not None or setting.remat):
             staged = pipelined(fun, setting.pipeline, _MESH.get(),
                                lambda a: batch_size(a, argnums),
                                None if record is None else record.stack_layers.append,
-                               setting.remat, _argnums(argnums))
+                               setting.remat, _argnums(argnums), _TRACES.get())
             if setting.microbatches == 1:
                 return jax.value_and_grad(staged, argnums=argnums, has_aux=has_aux)(
                     *args, **kwargs)

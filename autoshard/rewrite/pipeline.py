@@ -55,6 +55,7 @@ from autoshard.errors import InputError
 from autoshard.frontend import jax_compat
 from autoshard.frontend.interpret import INLINED, bind, run_inlined, run_jaxpr
 from autoshard.rewrite import unrolled
+from autoshard.rewrite.traces import Traces, function_key
 
 # -- the stage shift -----------------------------------------------------------------------
 #
@@ -173,19 +174,20 @@ def layer_scans(jaxpr) -> list:
     return found
 
 
-def stack_scan(jaxpr, batch: int, stages: int, microbatches: int):
+def stack_scan(jaxpr, batch: int | None, stages: int, microbatches: int):
     """The scan to pipeline: the longest with stacked xs, no ys, a carry of ``batch``
     rows, and a length ``stages`` (the stages times the repeats) divides; None if there is
-    none."""
+    none. Rematerialized alone, a stack needs no batch: with ``batch`` None, any carry."""
     best = None
     for eqn in layer_scans(jaxpr):
         p = jax_compat.scan_params(eqn.params)
         nc, ncarry, length = p.num_consts, p.num_carry, p.length
         carries = [v.aval for v in eqn.invars[nc:nc + ncarry]]
+        carries_batch = batch is None or (
+            any(a.ndim >= 1 and a.shape[0] == batch for a in carries)
+            and batch % microbatches == 0)
         if (len(eqn.invars) == nc + ncarry or len(eqn.outvars) != ncarry
-                or length % stages or length < stages or p.reverse
-                or not any(a.ndim >= 1 and a.shape[0] == batch for a in carries)
-                or batch % microbatches):
+                or length % stages or length < stages or p.reverse or not carries_batch):
             continue
         if best is None or length > jax_compat.scan_params(best.params).length:
             best = eqn
@@ -208,11 +210,12 @@ def remat_layer(layer: Callable, remat: str | None) -> Callable:
 
 def pipelined(fun: Callable, setting: Pipelining | None, mesh, batch_of: Callable,
               found: Callable | None = None, remat: str | None = None,
-              differentiated: tuple[int, ...] = ()) -> Callable:
+              differentiated: tuple[int, ...] = (), traces: Traces | None = None) -> Callable:
     """``fun`` with its layer stack run as ``setting``'s pipeline (None: as a scan), each
     layer rematerialized as ``remat`` says. ``batch_of(args)`` gives the batch's row count;
     ``found(layers)`` hears how many layers the stack has; the arguments numbered in
-    ``differentiated`` (parameters) are never split into microbatches.
+    ``differentiated`` (parameters) are never split into microbatches; ``traces`` keeps
+    ``fun``'s jaxprs for the next setting of the same plan (None: nothing is kept).
 
     A jaxpr holds its shapes, so the stack's layer is traced again on one microbatch:
     ``fun`` at arguments whose batch leaves have B / M rows gives the scan body the stages
@@ -226,7 +229,9 @@ def pipelined(fun: Callable, setting: Pipelining | None, mesh, batch_of: Callabl
 
         def flat_fun(*f):
             return fun(*jax.tree.unflatten(tree, f), **kwargs)
-        closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*flat)
+        kept = traces or Traces()
+        key = function_key(fun, tree, kwargs) if traces is not None else None
+        closed, out_shape = kept.jaxpr(key, flat_fun, flat)
         batch = batch_of(args)
         if batch is None and setting is not None:
             raise InputError(
@@ -234,10 +239,11 @@ def pipelined(fun: Callable, setting: Pipelining | None, mesh, batch_of: Callabl
                 "takes none: pass the batch to it as an argument that is not "
                 "differentiated (value_and_grad(loss)(params, batch)), not closed over")
         target = stack_scan(closed.jaxpr, batch, stages, count)
-        layout = unrolled.find_layout(closed.jaxpr) if target is None else None
+        layout = None if target is not None else kept.read(
+            "layout", key, flat, lambda: unrolled.find_layout(closed.jaxpr))
         if layout is not None:   # a loop over a list of layers: rolled into a scan
-            flat_fun = unrolled.rolled(flat_fun, layout)
-            closed = jax.make_jaxpr(flat_fun)(*flat)
+            flat_fun = unrolled.rolled(flat_fun, layout, traced(kept, key, flat_fun, layout))
+            closed = kept.jaxpr(None if key is None else ("rolled", key), flat_fun, flat)[0]
             target = stack_scan(closed.jaxpr, batch, stages, count)
         if target is None:
             raise InputError(
@@ -256,7 +262,8 @@ def pipelined(fun: Callable, setting: Pipelining | None, mesh, batch_of: Callabl
                           if (owner[j] not in differentiated and jnp.ndim(x) >= 1
                               and jnp.shape(x)[0] == batch) else x
                           for j, x in enumerate(flat)]
-            micro = jax.make_jaxpr(flat_fun)(*micro_args)
+            micro = kept.jaxpr(key if key is None or layout is None else ("rolled", key),
+                               flat_fun, micro_args)[0]
             index = [id(e) for e in layer_scans(closed.jaxpr)].index(id(target))
             micro_target = layer_scans(micro.jaxpr)[index]
         if found is not None:
@@ -265,6 +272,17 @@ def pipelined(fun: Callable, setting: Pipelining | None, mesh, batch_of: Callabl
             closed.jaxpr, closed.consts, flat)
         return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
     return run
+
+
+def traced(kept: Traces, key, fun: Callable, layout) -> Callable:
+    """``unrolled.rolled``'s reading of ``fun`` at some arguments: its jaxpr, the shape
+    of its results and the roll of its run at ``layout``, kept in ``kept``."""
+    def read(args):
+        closed, out_shape = kept.jaxpr(key, fun, args)
+        roll = kept.read(("roll", layout), key, args,
+                         lambda: unrolled.read_run(jax_compat.split_closed(closed)[0], layout))
+        return closed, out_shape, roll
+    return read
 
 
 class Interpreter:

@@ -418,14 +418,18 @@ def find(fun: Callable, args: Sequence) -> Layout | None:
     return find_layout(jax_compat.split_closed(jax.make_jaxpr(fun)(*args))[0])
 
 
-def rolled(fun: Callable, layout: Layout) -> Callable:
+def rolled(fun: Callable, layout: Layout, read: Callable | None = None) -> Callable:
     """``fun`` (of flat arguments) with its repeated layers at ``layout`` run as one
-    ``lax.scan`` over their stacked weights. It traces ``fun`` at each call, so that the
-    run is read again at other shapes (one microbatch's rows)."""
-    def layered(*args):
+    ``lax.scan`` over their stacked weights. It reads ``fun`` at each call, so that the
+    run is read again at other shapes (one microbatch's rows): ``read(args)`` gives its
+    jaxpr, the shape of its results and its roll (None: traced and read afresh)."""
+    def read_afresh(args):
         closed, out_shape = jax.make_jaxpr(fun, return_shape=True)(*args)
+        return closed, out_shape, read_run(jax_compat.split_closed(closed)[0], layout)
+
+    def layered(*args):
+        closed, out_shape, roll = (read or read_afresh)(args)
         jaxpr, consts = jax_compat.split_closed(closed)
-        roll = read_run(jaxpr, layout)
         if roll is None:
             raise InputError(f"the loss's repeated layers ({layout.count} blocks of "
                              f"{layout.size} equations) differ at other shapes")

@@ -50,6 +50,13 @@ def mismatched_dims(w, batch):
     return batch["y"] @ w          # [8, 32] @ [16, 32]
 
 
+def closed_over_batch(w, batch):
+    """A step whose marked loss closes over the batch (``run_clm_flax.py`` writes
+    ``compute_loss(params)``): microbatches have no batch to split."""
+    value, grad = autoshard.value_and_grad(lambda v: loss(v, batch))(w)
+    return w - 0.1 * grad, value
+
+
 def concretizes(w, batch):
     return jnp.ones(3) * float(w[0, 0])
 
@@ -210,6 +217,9 @@ CASES = [
      PathError, "a_file"),
     ("plan cache dir empty", lambda c: plan_with(c, cache_directory=""), PathError,
      "cache_directory"),
+    ("plan microbatches of a loss closing over its batch",
+     lambda c: autoshard.plan(closed_over_batch, W, BATCH, mesh=c.mesh, cache=False,
+                              progress=False, microbatches=2), InputError, "takes none"),
     # -- auto_shard -------------------------------------------------------------------------
     ("auto_shard fn int", lambda c: autoshard.auto_shard(5, mesh=c.mesh), InputError, "fn"),
     ("auto_shard decorates int", lambda c: autoshard.auto_shard(mesh=c.mesh)(5), InputError,

@@ -215,6 +215,41 @@ def test_remat_of_an_unrolled_lm_matches_single_device(remat, mesh_2d):
         assert f"jax.checkpoint(policy={remat})" in plan_.summary_text()
 
 
+def test_the_settings_search_runs_the_losss_python_once_per_shape(mesh_2d):
+    """``remat="auto"`` weighs three settings. The one without remat differentiates the
+    loss as written (one run of its Python); the two remat policies read its jaxpr at
+    the same shapes, its layers and their roll from what the first of them kept
+    (``rewrite.traces``): one more run, not four."""
+    runs = []
+
+    def counted_loss(params, batch):
+        runs.append(1)
+        return lm_loss(params, batch)
+
+    def step(params, batch):
+        return autoshard.value_and_grad(counted_loss)(params, batch)
+    plan_ = plan_lm(step, make_lm_args(2), mesh_2d, remat="auto")
+    assert len(plan_.stats.settings) == 3
+    assert len(runs) == 2
+
+
+@pytest.mark.slow
+def test_a_loss_closing_over_its_batch_is_traced_again_in_each_setting(mesh_2d):
+    """A loss that closes over the batch (``run_clm_flax.py``'s ``compute_loss(params)``)
+    holds the step's tracers: its jaxpr is not kept for the next setting, whose trace
+    is another."""
+    args = make_lm_args(2)
+
+    def step(params, batch):
+        def loss(p):
+            return lm_loss(p, batch)
+        value, grads = autoshard.value_and_grad(loss)(params)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), value
+    plan_ = plan_lm(step, args, mesh_2d, remat="auto")
+    assert len(plan_.stats.settings) == 3
+    assert_matches(plan_.jit()(*args), jax.jit(step)(*args))
+
+
 @pytest.mark.slow
 def test_pipeline_with_a_first_layer_unlike_the_rest(mesh_2d):
     args = make_lm_args(5, first_ffn=2 * FFN)
