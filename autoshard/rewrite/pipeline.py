@@ -239,8 +239,7 @@ def pipelined(fun: Callable, setting: Pipelining | None, mesh, batch_of: Callabl
                 "takes none: pass the batch to it as an argument that is not "
                 "differentiated (value_and_grad(loss)(params, batch)), not closed over")
         target = stack_scan(closed.jaxpr, batch, stages, count)
-        layout = None if target is not None else kept.read(
-            "layout", key, flat, lambda: unrolled.find_layout(closed.jaxpr))
+        layout = None if target is not None else layers_of(kept, key, flat, closed.jaxpr)
         if layout is not None:   # a loop over a list of layers: rolled into a scan
             flat_fun = unrolled.rolled(flat_fun, layout, traced(kept, key, flat_fun, layout))
             closed = kept.jaxpr(None if key is None else ("rolled", key), flat_fun, flat)[0]
@@ -272,6 +271,17 @@ def pipelined(fun: Callable, setting: Pipelining | None, mesh, batch_of: Callabl
             closed.jaxpr, closed.consts, flat)
         return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
     return run
+
+
+def layers_of(kept: Traces, key, args, jaxpr):
+    """The run of repeated layers in ``jaxpr``, the jaxpr of the loss ``key`` at
+    ``args``: the run found at other shapes of the same loss (one microbatch's rows, the
+    whole batch) where its blocks are layers here too, else one found afresh."""
+    layout = kept.remembered("layout", key)
+    if layout is None or unrolled.read_run(jaxpr, layout) is None:
+        layout = kept.read("layout", key, args, lambda: unrolled.find_layout(jaxpr))
+        kept.remember("layout", key, layout)
+    return layout
 
 
 def traced(kept: Traces, key, fun: Callable, layout) -> Callable:

@@ -67,3 +67,11 @@ class Traces:
         if read_key not in self._kept:
             self._kept[read_key] = make()
         return self._kept[read_key]
+
+    def remembered(self, what: Hashable, key: Hashable | None):
+        """What was remembered of the function ``key`` at any arguments (None: nothing)."""
+        return None if key is None else self._kept.get((what, key))
+
+    def remember(self, what: Hashable, key: Hashable | None, value) -> None:
+        if key is not None:
+            self._kept[what, key] = value
