@@ -16,8 +16,9 @@ Adam, bf16, batch 64 x 2048 tokens) planned from abstract arguments on 8x8 withi
 per device with ``microbatches="auto"`` and ``remat="auto"``: memory parts, K, the remat
 choice, predicted step time and planning time, with each setting's seconds by stage
 (``--unrolled``: the layers a Python list of blocks, as Hugging Face's models write
-them). (The zoo's GPT has a GELU MLP: two FFN matrices a layer where LLaMA's SwiGLU has
-three, so the shape holds ~56e9 parameters.)
+them; ``--pipeline data``: the search over pipelines on that axis instead). (The zoo's
+GPT has a GELU MLP: two FFN matrices a layer where LLaMA's SwiGLU has three, so the shape
+holds ~56e9 parameters.)
 
 Part 3 (``--part unrolled``): part 1's GPT written both ways, its blocks a ``lax.scan``
 over stacked weights and a Python loop over a list of blocks (which the planner rolls into
@@ -247,7 +248,7 @@ def llama_part(args) -> None:
     started, cpu_started = time.perf_counter(), time.process_time()
     plan = autoshard.plan(case.train_step, *case.args, mesh=mesh, hardware=hw,
                           donate_argnums=case.donate_argnums, microbatches="auto",
-                          remat="auto", progress=False)
+                          remat="auto", pipeline=args.pipeline, progress=False)
     plan_s, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
     m = plan.microbatching
     print(f"microbatches K = {m.microbatches if m else 1}, remat = "
@@ -356,6 +357,9 @@ def main() -> None:
                         help="pipeline microbatches in part 3: a count, or auto")
     parser.add_argument("--unrolled", action="store_true",
                         help="parts 2 and 4: the layers a Python list of blocks, not a scan")
+    parser.add_argument("--pipeline", default=None,
+                        help="part 2: plan with this pipeline option too (a mesh axis, or "
+                             "auto), searching pipelines instead of K alone")
     args = parser.parse_args()
     if args.part == "all":   # each part needs its own device count before JAX starts
         for part in ("gpt", "70b"):

@@ -344,12 +344,14 @@ def fastest_pipeline(search: Search, axes, steps: int, failure, strict: bool, re
                 to_beat = _seconds(best) if beat is None else min(beat, _seconds(best) or beat)
                 try:
                     candidate = search.plan(setting, record, to_beat, search.options.mesh)
+                    stage_s = candidate.stats.stage_seconds()
                 except MemoryBudgetError as e:
                     failure, divided = e, True
-                    candidate = None
+                    candidate, stage_s = None, getattr(e, "stage_seconds", None)
                     outcome = f"over budget: at least {e.smallest_bytes:.4g} bytes"
                 except CannotBeat as e:
                     candidate, divided = None, True
+                    stage_s = getattr(e, "stage_seconds", None)
                     outcome = f"cannot beat {to_beat:.6g} s: at least {e.lower_bound:.6g} s"
                 except InputError:
                     if not strict or len(counts) > 1 or split:
@@ -358,7 +360,7 @@ def fastest_pipeline(search: Search, axes, steps: int, failure, strict: bool, re
                 layers = record.stack_layers[0] if record.stack_layers else 0
                 if trail is not None:
                     trail.append(pipeline_trail(setting, layers, outcome, candidate,
-                                                time.perf_counter() - started))
+                                                time.perf_counter() - started, stage_s))
                 if repeats == "auto" and setting.pipeline.repeats == 1:
                     laps = circular_repeats(layers, stages, count)
                 if candidate is None:
@@ -372,7 +374,7 @@ def fastest_pipeline(search: Search, axes, steps: int, failure, strict: bool, re
 
 
 def pipeline_trail(setting: Microbatching, layers: int, outcome: str, found,
-                   plan_s: float) -> dict:
+                   plan_s: float, stage_s: dict | None) -> dict:
     """A pipelined setting tried, as ``plan.stats.settings`` lists settings."""
     staged = dataclasses.replace(setting.pipeline, layers=layers)
     return {"setting": f"{describe(setting)}; {staged.describe()}", "outcome": outcome,
@@ -380,4 +382,5 @@ def pipeline_trail(setting: Microbatching, layers: int, outcome: str, found,
             "replica_axes": list(staged.replica_axes),
             "remat": setting.remat, "pipeline": staged.axis, "schedule": staged.schedule,
             "repeats": staged.repeats, "pipeline_microbatches": staged.microbatches,
-            "step_s": None if found is None else found.cost.total_s, "plan_s": plan_s}
+            "step_s": None if found is None else found.cost.total_s, "plan_s": plan_s,
+            "stage_s": stage_s}
