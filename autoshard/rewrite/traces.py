@@ -73,5 +73,6 @@ class Traces:
         return None if key is None else self._kept.get((what, key))
 
     def remember(self, what: Hashable, key: Hashable | None, value) -> None:
+        """Remember ``value`` of the function ``key``, whatever its arguments."""
         if key is not None:
             self._kept[what, key] = value

@@ -217,9 +217,9 @@ def test_remat_of_an_unrolled_lm_matches_single_device(remat, mesh_2d):
 
 def test_the_settings_search_runs_the_losss_python_once_per_shape(mesh_2d):
     """``remat="auto"`` weighs three settings. The one without remat differentiates the
-    loss as written (one run of its Python); the two remat policies read its jaxpr at
-    the same shapes, its layers and their roll from what the first of them kept
-    (``rewrite.traces``): one more run, not four."""
+    loss as written (one run of its Python). The first remat policy traces it once more;
+    the second reads its jaxpr, its layers and their roll from what the first kept
+    (``rewrite.traces``): two runs in all, where each setting used to run it."""
     runs = []
 
     def counted_loss(params, batch):
