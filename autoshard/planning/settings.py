@@ -25,7 +25,7 @@ from autoshard.errors import InputError, MemoryBudgetError
 from autoshard.frontend.specs import dim_shards
 from autoshard.planning.options import PlanOptions
 from autoshard.rewrite.accumulate import Microbatching, TraceRecord, microbatching
-from autoshard.rewrite.pipeline import Pipelining
+from autoshard.rewrite.pipeline import PASS_THE_BATCH, Pipelining
 from autoshard.rewrite.traces import Traces
 from autoshard.solver.solve import CannotBeat
 from autoshard.units import axis_sizes
@@ -125,9 +125,7 @@ def plan_with_microbatches(search: Search):
     size = record.batch_sizes[0]
     if size is None and microbatches != 1:
         raise InputError("microbatches split the marked loss's batch, and the loss takes "
-                         "none: pass the batch to it as an argument that is not "
-                         "differentiated (value_and_grad(loss)(params, batch)), not closed "
-                         "over")
+                         f"none: {PASS_THE_BATCH}")
     sizes = search.sizes
     candidates = replica_candidates(base, size, sizes)
     counts = [int(microbatches)] if microbatches != "auto" else \

@@ -194,6 +194,10 @@ def stack_scan(jaxpr, batch: int | None, stages: int, microbatches: int):
     return best
 
 
+# how a loss that closes over its batch gets one a pipeline or microbatches can split
+PASS_THE_BATCH = ("pass the batch to it as an argument that is not differentiated "
+                  "(value_and_grad(loss)(params, batch)), not closed over")
+
 REMAT_POLICIES = {"nothing_saveable": jax.checkpoint_policies.nothing_saveable,
                   "dots_saveable": jax.checkpoint_policies.dots_saveable}
 
@@ -236,13 +240,13 @@ def pipelined(fun: Callable, setting: Pipelining | None, mesh, batch_of: Callabl
         if batch is None and setting is not None:
             raise InputError(
                 "a pipeline splits the marked loss's batch into microbatches, and the loss "
-                "takes none: pass the batch to it as an argument that is not "
-                "differentiated (value_and_grad(loss)(params, batch)), not closed over")
+                f"takes none: {PASS_THE_BATCH}")
         target = stack_scan(closed.jaxpr, batch, stages, count)
         layout = None if target is not None else layers_of(kept, key, flat, closed.jaxpr)
         if layout is not None:   # a loop over a list of layers: rolled into a scan
             flat_fun = unrolled.rolled(flat_fun, layout, traced(kept, key, flat_fun, layout))
-            closed = kept.jaxpr(None if key is None else ("rolled", key), flat_fun, flat)[0]
+            key = None if key is None else ("rolled", key)   # the key of flat_fun, rolled
+            closed = kept.jaxpr(key, flat_fun, flat)[0]
             target = stack_scan(closed.jaxpr, batch, stages, count)
         if target is None:
             raise InputError(
@@ -261,8 +265,7 @@ def pipelined(fun: Callable, setting: Pipelining | None, mesh, batch_of: Callabl
                           if (owner[j] not in differentiated and jnp.ndim(x) >= 1
                               and jnp.shape(x)[0] == batch) else x
                           for j, x in enumerate(flat)]
-            micro = kept.jaxpr(key if key is None or layout is None else ("rolled", key),
-                               flat_fun, micro_args)[0]
+            micro = kept.jaxpr(key, flat_fun, micro_args)[0]
             index = [id(e) for e in layer_scans(closed.jaxpr)].index(id(target))
             micro_target = layer_scans(micro.jaxpr)[index]
         if found is not None:
@@ -278,7 +281,7 @@ def layers_of(kept: Traces, key, args, jaxpr):
     ``args``: the run found at other shapes of the same loss (one microbatch's rows, the
     whole batch) where its blocks are layers here too, else one found afresh."""
     layout = kept.remembered("layout", key)
-    if layout is None or unrolled.read_run(jaxpr, layout) is None:
+    if layout is None or roll_of(kept, key, args, jaxpr, layout) is None:
         layout = kept.read("layout", key, args, lambda: unrolled.find_layout(jaxpr))
         kept.remember("layout", key, layout)
     return layout
@@ -289,10 +292,14 @@ def traced(kept: Traces, key, fun: Callable, layout) -> Callable:
     of its results and the roll of its run at ``layout``, kept in ``kept``."""
     def read(args):
         closed, out_shape = kept.jaxpr(key, fun, args)
-        roll = kept.read(("roll", layout), key, args,
-                         lambda: unrolled.read_run(jax_compat.split_closed(closed)[0], layout))
-        return closed, out_shape, roll
+        return closed, out_shape, roll_of(kept, key, args, closed.jaxpr, layout)
     return read
+
+
+def roll_of(kept: Traces, key, args, jaxpr, layout):
+    """``unrolled.read_run`` of ``jaxpr``, the loss ``key``'s at ``args``, at ``layout``:
+    read once, whether to check a layout found at other shapes or to roll it."""
+    return kept.read(("roll", layout), key, args, lambda: unrolled.read_run(jaxpr, layout))
 
 
 class Interpreter:
