@@ -166,6 +166,15 @@ def whole_dim(aval, specs) -> int:
     return max(reversed(whole), key=lambda d: aval.shape[d])
 
 
+def fft_in_specs(decision: Decision) -> tuple:
+    """The specs an FFT's operand is laid out in: its own where it is resharded on the way
+    in, else its result's (unconstrained, the operand arrives as planned, and an FFT's
+    result is laid out as its operand on the leading dims, the transformed ones whole).
+    Read from no spec, ``whole_dim`` might gather along a split dim, and XLA gathers the
+    whole operand onto each device to do so."""
+    return decision.in_specs or decision.out_specs
+
+
 def one_point_fft(x, dtype):
     """An FFT, IFFT, RFFT or IRFFT of one point per transform: the value itself, as
     complex (an RFFT), or its real part (an IRFFT)."""
@@ -216,7 +225,7 @@ class Rewriter:
                                       decision.out_specs)
         copied = fft == "copied"
         if copied:
-            ins = [identity_gather(ins[0], whole_dim(eqn.invars[0].aval, decision.in_specs))]
+            ins = [identity_gather(ins[0], whole_dim(eqn.invars[0].aval, fft_in_specs(decision)))]
         outs = ik.bind(eqn, ins)
         if kept_apart(eqn, decision):
             outs = list(lax.optimization_barrier(outs))
@@ -369,7 +378,7 @@ class JaxprWriter:
             return self.constrain_all(self.emit(template, ins[:1]), decision.out_specs)
         copied = fft == "copied"
         if copied:
-            ins = self.identity_gather(ins, decision.in_specs)
+            ins = self.identity_gather(ins, fft_in_specs(decision))
         outs = [jax_compat.new_var(v.aval) for v in eqn.outvars]
         self.eqns.append(eqn.replace(invars=list(ins), outvars=outs))
         if kept_apart(eqn, decision):

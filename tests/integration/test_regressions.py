@@ -333,6 +333,32 @@ def test_fft_runs_whatever_its_operand_producer_splits():
         np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-4, atol=1e-3)
 
 
+def test_an_fft_whose_operand_arrives_as_planned_is_copied_along_a_whole_dim():
+    """An FFT's operand that arrives as planned is not constrained, so its decision has no
+    spec for it. Its identity gather (the default-layout copy of XLA:CPU's FFT operand)
+    then went along the longest dim, the split one, and XLA gathered the whole operand
+    onto every device for it: three all-gathers the plan did not price, and 7,688 B
+    live once compiled against 4,860 B predicted (a random program's gradient, on jax 0.12). The
+    compiled program holds only the collectives the plan prices."""
+    from autoshard.report.hlo_report import buffer_bytes, hlo_report
+    mesh = autoshard.make_mesh((4, 2), ("x", "y"))
+    hardware = autoshard.Hardware(flops=1e6, hbm_bandwidth=1e6, memory=80e9,
+                                  link_bandwidth=1e12, link_latency=1e-12)
+
+    def loss(a):
+        v = jnp.abs(jnp.fft.rfft(a, axis=0))
+        return jnp.sum(jnp.sin(jnp.fft.fft(v, axis=0).real) ** 2)
+    fn = jax.value_and_grad(loss)
+    x = np.random.default_rng(0).standard_normal((16, 16, 3)).astype(np.float32)
+    plan = autoshard.plan(fn, x, mesh=mesh, hardware=hardware, cache=False, progress=False)
+    compiled = hlo_report(plan.jit().lower(x).compile(), hardware, mesh)
+    assert compiled.comm_s == pytest.approx(plan.cost.comm_s, rel=0.05)
+    live, _ = buffer_bytes(plan.jit().lower(x))
+    assert live <= plan.cost.memory_bytes
+    for g, e in zip(plan.jit()(x), jax.jit(fn)(x)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-4, atol=1e-3)
+
+
 def test_one_point_ffts_run_split_every_other_way():
     """An FFT of one point per transform, its other dims split over both axes of 4x2:
     every dim of each device's block is of one element or split, so no gather copies it
