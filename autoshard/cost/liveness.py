@@ -352,26 +352,49 @@ class Liveness:
                     break
         return found
 
-    def written_into_outputs(self, last_read: Sequence[int], resident: set) -> set[int]:
+    def written_into_outputs(self, last_read: Sequence[int], resident: set
+                             ) -> dict[int, tuple[int, int]]:
         """Temporaries whose buffer is a program output's: the elementwise fusion writing
         an output (not donated) reads them for the last time, at the output's shape and
-        dtype, so XLA writes the output in place of one of them, which lives in the
-        output's buffer from the start (a scan's stack of per-layer gradients that the
-        update ``p - lr * g`` overwrites with the new weights)."""
-        graph, materialized, found = self.graph, self.space.materialized, set()
+        dtype and at their own width (a contraction's result written wider, as XLA:CPU
+        writes a bf16 convolution's in f32, holds no bf16 output), so XLA writes the
+        output in place of one of them, which lives in the output's buffer from the start
+        (a scan's stack of per-layer gradients that the update ``p - lr * g`` overwrites
+        with the new weights). Each with the (node, operand) of the fusion that reads it
+        (``sliced_as_read``)."""
+        graph, materialized, found = self.graph, self.space.materialized, {}
         for value_id in resident:
             out, node = graph.values[value_id], graph.node_of(value_id)
             if node.kind != "eqn" or not self.fusible[node.id]:
                 continue
-            for v in self.fusion_inputs(node):
+            for v, read in self.fusion_reads(node):
                 value = graph.values[v]
-                if (v not in resident and materialized[v] and last_read[v] == node.id
+                if (v not in resident and v not in found and materialized[v]
+                        and last_read[v] == node.id
                         and value.shape == out.shape and value.dtype == out.dtype
                         and graph.nodes[value.producer].kind != "arg"
-                        and not self.copied_out(v)):
-                    found.add(v)
+                        and not self.copied_out(v) and self.written_wide(value) == 1.0):
+                    found[v] = read
                     break
         return found
+
+    def sliced_as_read(self, value, read: tuple[int, int]) -> GroupTerm | PairTerm | None:
+        """A temporary written into an output (``written_into_outputs``) where its reader
+        ``read`` (node, operand) splits it as it reads: its own buffer, in the strategies
+        that do so (a whole convolution's result the output's fusion slices: the output
+        holds a slice, the result stays whole). None where no strategy does."""
+        user, i = read
+        array = self.prices.value_array[value.id]
+        srcs = self.groups.menus[value.producer].out_lists[value.index]
+        pairs = self.prices.pairs(array, srcs, self.groups.menus[user].in_lists[i])
+        sliced = (~pairs.same & (pairs.seconds == 0))[np.ix_(pairs.rows, pairs.cols)]
+        if not sliced.any():
+            return None
+        num_bytes = self.temporary_bytes(value).num_bytes
+        gu, gv = self.groups.group_of_node[value.producer], self.groups.group_of_node[user]
+        if gu == gv:
+            return GroupTerm(gu, np.where(np.diag(sliced), num_bytes, 0.0))
+        return PairTerm(gu, gv, np.where(sliced, num_bytes[:, None], 0.0))
 
     def copied_out(self, value_id: int) -> bool:
         """Whether XLA writes a value in another layout than a program output's and
@@ -385,16 +408,21 @@ class Liveness:
         """The values an elementwise node's fusion reads from memory, in operand order: its
         operands, and in place of each that XLA fuses into it (not in memory, made by an
         elementwise node), that one's (``p - 0.1 * g`` reads ``p`` and ``g``)."""
-        graph, materialized, found = self.graph, self.space.materialized, []
-        for v in node.operands:
+        return list(dict(self.fusion_reads(node)))
+
+    def fusion_reads(self, node) -> list[tuple[int, tuple[int, int]]]:
+        """``fusion_inputs``, each with the (node, operand) of the fused node reading it."""
+        graph, materialized, found = self.graph, self.space.materialized, {}
+        for i, v in enumerate(node.operands):
             if v is None or v in found:
                 continue
             producer = graph.node_of(v)
             if materialized[v] or producer.kind != "eqn" or not self.fusible[producer.id]:
-                found.append(v)
+                found[v] = (node.id, i)
             else:
-                found += [u for u in self.fusion_inputs(producer) if u not in found]
-        return found
+                for u, read in self.fusion_reads(producer):
+                    found.setdefault(u, read)
+        return list(found.items())
 
     def from_arguments(self) -> list[bool]:
         """Per value: an argument or constant, or computed outside loops by one fusion
@@ -756,7 +784,14 @@ class Liveness:
         states, in_state, held = self.loop_states(last_read, resident)
         hoisted = self.hoisted()
         not_temporary = resident | aliased | in_state
-        not_temporary |= self.written_into_outputs(last_read, resident)
+        written = self.written_into_outputs(last_read, resident)
+        not_temporary |= set(written)
+        for value_id, read in written.items():
+            value = graph.values[value_id]
+            term = self.sliced_as_read(value, read)
+            if term is not None:
+                spans.append((term, self.written_at(graph.nodes[value.producer], value),
+                              read[0]))
         in_place = self.overwritten(last_read, not_temporary)
         for value in graph.values:
             if value.id in not_temporary or not self.space.materialized[value.id]:
