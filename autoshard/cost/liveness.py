@@ -369,12 +369,11 @@ class Liveness:
                 continue
             for v, read in self.fusion_reads(node):
                 value = graph.values[v]
-                if (v not in resident and v not in found and materialized[v]
-                        and last_read[v] == node.id
+                if (v not in resident and materialized[v] and last_read[v] == node.id
                         and value.shape == out.shape and value.dtype == out.dtype
                         and graph.nodes[value.producer].kind != "arg"
                         and not self.copied_out(v) and self.written_wide(value) == 1.0):
-                    found[v] = read
+                    found.setdefault(v, read)
                     break
         return found
 
@@ -602,13 +601,29 @@ class Liveness:
     def layout_copies(self, from_args: Sequence[bool], transposed):
         """(term, first node, last node) of the copies XLA makes of operands it reads in
         another layout (``transposed_reads``), in the spec their reader wants; live like
-        any copy (see ``copy_starts``): a weight's from the start of the program."""
-        for value_id, node_id, i in transposed:
+        any copy (see ``copy_starts``): a weight's from the start of the program. A copy
+        of arguments alone that no earlier reader makes alike (``layout_copy_kind``) is
+        work on arguments alone, which XLA does first: it too lives from the start (a
+        bf16 kernel read in f32 by a convolution, and transposed in f32 by its kernel
+        gradient: two copies, both made at the start)."""
+        kinds: dict[int, set] = {}
+        for value_id, node_id, i in sorted(transposed, key=lambda read: read[1]):
             dsts = self.groups.menus[node_id].in_lists[i]
             num_bytes = (self.prices.per_device_bytes(self.prices.value_array[value_id], dsts)
                          * self.wide(self.graph.nodes[node_id], value_id))
-            yield (GroupTerm(self.groups.group_of_node[node_id], num_bytes),
-                   self.copy_starts(value_id, from_args)[node_id], node_id)
+            kind = self.layout_copy_kind(value_id, node_id, i)
+            made = kinds.setdefault(value_id, set())
+            first = (0 if from_args[value_id] and kind not in made
+                     else self.copy_starts(value_id, from_args)[node_id])
+            made.add(kind)
+            yield GroupTerm(self.groups.group_of_node[node_id], num_bytes), first, node_id
+
+    def layout_copy_kind(self, value_id: int, node_id: int, i: int) -> tuple:
+        """What a layout copy of a value for operand ``i`` of a node is, as far as XLA
+        makes one copy for readers alike: the reader's primitive and operand, whether it
+        transposes the value, and how wide it reads it."""
+        node = self.graph.nodes[node_id]
+        return (node.primitive, i, transposed_operands(node)[i], self.wide(node, value_id))
 
     def sorts_top_k(self, node) -> bool:
         """Whether XLA:CPU runs ``node``, a top_k, as a sort (``xla.cpu_top_k_scratch``)."""
