@@ -142,6 +142,36 @@ def test_golden_fft_splits_its_batch_dims_where_xla_does(fn, avals, split_golden
     assert golden_of(fn, *avals, primitive="fft") == golden
 
 
+@pytest.mark.parametrize("strides, padding, kernel, rhs_dilation", [
+    ((1, 1), "VALID", (1, 1), (1, 1)),   # a dot in every spatial dim: split
+    ((1, 3), "VALID", (1, 1), (1, 1)),   # a 1x1 window at stride 3: a conv
+    ((1, 1), ((0, 0), (0, 1)), (1, 1), (1, 1)),   # padded
+    ((1, 1), "VALID", (8, 3), (1, 1)),   # a window as large as the input: contracted
+    ((1, 1), "VALID", (3, 3), (1, 1)),
+    ((1, 1), "VALID", (1, 1), (2, 1)),   # a window of one, dilated: still a dot
+])
+def test_a_grouped_conv_is_computed_whole_where_xla_gathers_it(strides, padding, kernel,
+                                                               rhs_dilation):
+    """A grouped conv of several input features a group on a batch split over two CPUs:
+    the rule computes it whole (every dim unsplit) exactly where XLA's partitioner
+    gathers its operands, which it does for every conv it does not read as a dot
+    (``conv.dot_in_every_spatial_dim``). A 1x1 window at stride 3 was read as a dot."""
+    from autoshard.rules.conv import partitioner_gathers
+    from autoshard.target.xla import _compiled_on_two_cpus
+
+    def conv(x, k):
+        return jax.lax.conv_general_dilated(x, k, strides, padding, rhs_dilation=rhs_dilation,
+                                            feature_group_count=3,
+                                            dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    shapes = [(4, 8, 3, 12), (*kernel, 4, 3)]
+    graph = trace(conv, *[jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes])
+    node = next(n for n in graph.nodes if n.primitive == "conv_general_dilated")
+    text = _compiled_on_two_cpus(conv, (("batch",), ()), ("batch",), *shapes)
+    if text is None:
+        pytest.skip("one CPU device")
+    assert partitioner_gathers(node, 3) == ("all-gather" in text)
+
+
 RELEASE_0_12 = pytest.mark.skipif(not hasattr(jax.lax, "polynomial"),
                                   reason="primitives JAX defines since 0.12")
 
