@@ -805,8 +805,7 @@ class Liveness:
             value = graph.values[value_id]
             term = self.sliced_as_read(value, read)
             if term is not None:
-                spans.append((term, self.written_at(graph.nodes[value.producer], value),
-                              read[0]))
+                spans.append((term, self.first_written(value, from_args), read[0]))
         in_place = self.overwritten(last_read, not_temporary)
         for value in graph.values:
             if value.id in not_temporary or not self.space.materialized[value.id]:
@@ -818,8 +817,7 @@ class Liveness:
                 continue  # a seam aliasing the buffer it connects
             if self.packed_by_sort(value):
                 continue  # computed in the fusion that packs a top_k's keys
-            first = (0 if from_args[value.id] and not self.loop_init(value)
-                     else self.written_at(seam, value))
+            first = self.first_written(value, from_args)
             last = held.get(value.id, last_read[value.id]) - (value.id in in_place)
             if value.id in hoisted:   # made before its loop, read by every iteration
                 first, last = hoisted[value.id][0], max(last, hoisted[value.id][1])
@@ -893,6 +891,13 @@ class Liveness:
         users = self.graph.users[value.id]
         return bool(users) and all(self.graph.nodes[u].primitive == "loop_carry" and i == 0
                                    for u, i in users)
+
+    def first_written(self, value, from_args: Sequence[bool]) -> int:
+        """The first node of a temporary's buffer: the start for work on arguments alone
+        (``from_arguments``) but a loop's initial carry, else ``written_at``."""
+        if from_args[value.id] and not self.loop_init(value):
+            return 0
+        return self.written_at(self.graph.nodes[value.producer], value)
 
     def written_at(self, seam, value) -> int:
         """The first node of a temporary's buffer: its producer's; for a loop's stacked
