@@ -334,7 +334,9 @@ class Liveness:
 
     def overwritten(self, last_read: Sequence[int], not_temporary: set) -> set[int]:
         """Temporaries an elementwise node overwrites with its result: XLA writes a fused
-        result of the same shape in place of an operand read for the last time there."""
+        result of the same shape in place of an operand read for the last time there, if
+        it stores both as wide (not a bf16 conv's f32 result that the fusion scales into
+        bf16)."""
         graph, materialized, found = self.graph, self.space.materialized, set()
         for node in graph.nodes:
             einsum = self.space.einsums[node.id]
@@ -347,7 +349,8 @@ class Liveness:
                 value = graph.values[v] if v is not None else None
                 if (value is not None and v not in not_temporary and materialized[v]
                         and last_read[v] == node.id and value.shape == out.shape
-                        and value.dtype == out.dtype):
+                        and value.dtype == out.dtype
+                        and self.written_wide(value) == self.written_wide(out)):
                     found.add(v)
                     break
         return found

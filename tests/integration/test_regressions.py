@@ -590,6 +590,28 @@ def test_a_bf16_kernel_copied_for_its_gradient_is_copied_at_the_start():
     assert allocated <= budget
 
 
+def test_a_bf16_conv_result_is_not_overwritten_by_its_bf16_scaling():
+    """XLA:CPU writes a bf16 conv's result in f32; the fusion scaling it writes bf16
+    elsewhere, not in place of it. Both were counted as one buffer: the plan held 3,184 B
+    where the two alone take 3,600 B (the fuzzer's seed 7000843, 5,148 B live once
+    compiled on jax 0.12, whose dot there also runs in f32)."""
+    mesh = autoshard.make_mesh((8,), ("a",))
+
+    def fn(x, kernel, w):
+        y = lax.conv_general_dilated(x, kernel, (1, 1), ((2, 0), (2, 2)), lhs_dilation=(1, 2),
+                                     rhs_dilation=(1, 2), feature_group_count=3,
+                                     dimension_numbers=("NCHW", "OIHW", "NCHW")) * 0.7
+        return jnp.einsum("ijkl,li->jk", y, w)
+
+    rng = np.random.default_rng(0)
+    args = [jnp.asarray(rng.standard_normal(s), jnp.bfloat16)
+            for s in [(4, 3, 9, 1), (3, 1, 2, 1), (5, 4)]]
+    plan = autoshard.plan(fn, *args, mesh=mesh, hardware=autoshard.H100, cache=False,
+                          progress=False)
+    conv_elements = 4 * 3 * 10 * 5   # the conv's result, [4, 3, 10, 5]
+    assert plan.cost.memory_bytes >= conv_elements * (4 + 2)   # in f32, and scaled in bf16
+
+
 def test_a_whole_computed_conv_holds_its_operand_gathered(mesh_2d):
     """A grouped conv XLA's partitioner computes whole, on arguments alone, read its
     operand gathered from a split argument, and the gathered copy was counted nowhere
