@@ -10,8 +10,9 @@ feature-position dims (the model's batch) split as a partial sum, as in data par
 XLA's partitioner all-reduces that partial sum over every device, replicas included (a
 split contraction with a mesh axis left over comes out times that axis's size), so it
 splits only where every mesh axis splits the conv. A grouped conv of several input
-features a group, over a window, is computed whole where XLA's partitioner computes it
-so (``xla.partitions_grouped_conv``): batch and groups alike.
+features a group that XLA's partitioner does not read as a dot (``splits_groups``: over
+a window, at a stride, padded) is computed whole where XLA's partitioner computes it so
+(``xla.partitions_grouped_conv``): batch and groups alike.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ def dot_in_every_spatial_dim(node) -> bool:
     ones = (1,) * (len(lhs) - 2)
     strides, padding = p.get("window_strides", ones), p.get("padding", ((0, 0),) * len(ones))
     base, window_dilation = p.get("lhs_dilation") or ones, p.get("rhs_dilation") or ones
-    for k, (l, r) in enumerate(zip(dn.lhs_spec[2:], dn.rhs_spec[2:])):
-        n, w, stride = lhs[l], rhs[r], strides[k]
+    for k, (lhs_dim, rhs_dim) in enumerate(zip(dn.lhs_spec[2:], dn.rhs_spec[2:])):
+        n, w, stride = lhs[lhs_dim], rhs[rhs_dim], strides[k]
         unpadded, spread = tuple(padding[k]) == (0, 0), max(1, n - 1)
         plain = unpadded and window_dilation[k] == 1
         batch = unpadded and n == w == base[k] and (
