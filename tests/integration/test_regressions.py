@@ -532,6 +532,8 @@ def test_a_whole_computed_conv_read_sliced_by_its_output_holds_its_result():
     assert plan.out_shardings.spec == jax.sharding.PartitionSpec(None, None, "y")
     live, _ = buffer_bytes(plan.jit().lower(*args))
     assert plan.cost.memory_bytes >= live
+    np.testing.assert_allclose(np.asarray(plan.jit()(*args), np.float32),
+                               np.asarray(jax.jit(fn)(*args), np.float32), rtol=2e-2, atol=2e-2)
 
 
 def test_a_whole_conv_of_arguments_read_sliced_holds_its_result_with_its_gathered_input():
@@ -587,6 +589,11 @@ def test_a_bf16_kernel_copied_for_its_gradient_is_copied_at_the_start():
                               donate_argnums=(0, 1, 2))
         live, allocated = buffer_bytes(plan.jit().lower(*args))
         assert plan.cost.memory_bytes >= live
+        expected = jax.jit(fn)(*args)
+        got = plan.jit()(*[jnp.array(a) for a in args])   # fresh copies: donated
+        for g, e in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
+            np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(e, np.float32),
+                                       rtol=2e-2, atol=2e-2)
     assert allocated <= budget
 
 
@@ -610,6 +617,8 @@ def test_a_bf16_conv_result_is_not_overwritten_by_its_bf16_scaling():
                           progress=False)
     conv_elements = 4 * 3 * 10 * 5   # the conv's result, [4, 3, 10, 5]
     assert plan.cost.memory_bytes >= conv_elements * (4 + 2)   # in f32, and scaled in bf16
+    np.testing.assert_allclose(np.asarray(plan.jit()(*args), np.float32),
+                               np.asarray(jax.jit(fn)(*args), np.float32), rtol=2e-2, atol=2e-2)
 
 
 def test_a_whole_computed_conv_holds_its_operand_gathered(mesh_2d):
