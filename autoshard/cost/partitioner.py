@@ -748,15 +748,18 @@ def canonical_shape(shape: Sequence[int], axis_sizes: Mapping[str, int]
     """A shape whose reshards take the same steps as ``shape``'s, and how many times more
     bytes each step of ``shape`` moves.
 
-    The ways above read a dim's size only through divisions by tile counts, or by a
-    product of two, all of which divide the square of the device count. A dim that this
-    square divides at least twice over therefore takes the same ways and collectives
-    whatever its size, and its bytes scale with it: it is set to twice the square.
-    Reshards of arrays alike but for such sizes (activations and weights of one
+    The ways above read a dim's size only through divisions by tile counts: a dim's
+    count in one tiling of the mesh's devices, or the product of two dims' counts in one
+    tiling. Each divides the device count, as a tiling's counts times its replicas make
+    the device count. A dim that the device count divides at least twice over therefore
+    takes the same ways and collectives whatever its size, each of its shards holding
+    two elements or more, and its bytes scale with it: it is set to twice the device
+    count. Reshards of arrays alike but for such sizes (activations and weights of one
     layer's widths, at any batch or sequence length) are followed once
-    (``cached_reshard_steps``)."""
-    square = math.prod(axis_sizes.values()) ** 2
-    canonical = tuple(2 * square if n % square == 0 and n >= 2 * square else n
+    (``cached_reshard_steps``). On 512 devices, a [512, 2048, 4096] activation and a
+    [4096, 14336] kernel take the steps of [512, 1024, 1024] and [1024, 1024]."""
+    devices = math.prod(axis_sizes.values())
+    canonical = tuple(2 * devices if n % devices == 0 and n >= 2 * devices else n
                       for n in shape)
     if 0 in canonical:
         return tuple(shape), 1.0

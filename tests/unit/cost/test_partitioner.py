@@ -216,11 +216,11 @@ def test_group_axes_of_a_step_are_the_axes_its_groups_vary_along():
 
 @st.composite
 def wide_reshards(draw):
-    """As ``reshards``, with some dims large multiples of the squared device count (the
-    ones ``canonical_shape`` replaces)."""
+    """As ``reshards``, with some dims multiples of the device count (the ones
+    ``canonical_shape`` replaces)."""
     shape, src, dst, sizes = draw(reshards())
-    square = int(np.prod(list(sizes.values()))) ** 2
-    shape = tuple(square * draw(st.sampled_from([2, 3, 5, 8])) if draw(st.booleans()) else n
+    devices = int(np.prod(list(sizes.values())))
+    shape = tuple(devices * draw(st.sampled_from([2, 3, 5, 8])) if draw(st.booleans()) else n
                   for n in shape)
     return shape, src, dst, sizes
 
