@@ -14,6 +14,8 @@ the frozen results of the rooms before it and its options, and returns a frozen 
   (``combining`` -> ``Combining``, ``combined_latencies``, ``chained_latencies``).
 - ``liveness``: per-device memory terms, each live over a range of nodes, as XLA's buffer
   assignment keeps them (``Liveness`` -> ``Uncopied``, ``Memory``).
+- ``kept``: what a process keeps between the cost graphs it builds (reshard seconds,
+  nodes' strategies), per Hardware; ``forget_prices`` drops it.
 - ``graph``: the ``CostGraph`` (a cost vector per group: compute, collectives and
   resharding inside the group; the edges; the memory terms and rows),
   ``build_cost_graph``, which composes the rooms in order, and the ``request.Request`` it

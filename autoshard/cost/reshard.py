@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from autoshard.cost import partitioner
+from autoshard.cost import kept, partitioner
 from autoshard.cost.strategies import Collective
 from autoshard.frontend import specs
 from autoshard.frontend.specs import Spec
@@ -91,28 +91,16 @@ def reshard_gathers(shape, dtype, src: Spec, dst: Spec, axis_sizes, hw) -> froze
                      if c.kind == "all-gather")
 
 
-# reshard seconds kept across cost graphs, per Hardware (by id, the object kept alongside
-# so that its id stays its own): the programs a plan weighs (its pricings of copies, its
-# microbatch and remat settings) reshard arrays of the same shapes between the same specs
-_KEPT_PRICES: dict[int, tuple[Hardware, dict]] = {}
-KEPT_PRICES_MAX = 1 << 18   # prices kept, at most, per Hardware
-
-
 def kept_prices(hw: Hardware) -> dict:
     """The reshard seconds kept for ``hw``, by (shape, dtype, src, dst, axis sizes)."""
-    found = _KEPT_PRICES.get(id(hw))
-    if found is None or found[0] is not hw or len(found[1]) > KEPT_PRICES_MAX:
-        if len(_KEPT_PRICES) >= 8:
-            _KEPT_PRICES.clear()
-        found = _KEPT_PRICES[id(hw)] = (hw, {})
-    return found[1]
+    return kept.kept("reshard seconds", hw)
 
 
 def forget_prices() -> None:
-    """Drop every reshard price and followed reshard this process keeps (``kept_prices``,
-    ``partitioner.cached_reshard_steps``, the tilings): the next plan prices from
-    scratch, as a fresh process's first plan does."""
-    _KEPT_PRICES.clear()
+    """Drop every reshard price, followed reshard and strategy this process keeps
+    (``kept``, ``partitioner.cached_reshard_steps``, the tilings): the next plan prices
+    from scratch, as a fresh process's first plan does."""
+    kept.forget()
     partitioner.forget()
 
 

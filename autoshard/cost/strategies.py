@@ -12,6 +12,7 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 
+from autoshard.cost import kept
 from autoshard.errors import PinError
 from autoshard.frontend import specs
 from autoshard.frontend.graph import Graph, Node
@@ -495,6 +496,7 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
     numbers: dict = {}   # equal signatures, one number: hashed once per node
     signatures = [numbers.setdefault(node_signature(graph, node), len(numbers))
                   for node in graph.nodes]
+    signature_of = list(numbers)
     einsums, rules_seen = [], {}
     for node, signature in zip(graph.nodes, signatures):
         if node.kind in ("arg", "const"):
@@ -515,6 +517,8 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
     unsplit = whole_values(graph)
     all_strategies = []
     known: dict = {}   # a repeated layer's nodes (and arguments of a shape) share strategies
+    menus = kept.kept("strategies", hw)   # and so do nodes alike in programs built before
+    mesh = (tuple(axis_sizes.items()), backend)
     for node, einsum in zip(graph.nodes, einsums):
         out_values = [graph.values[v] for v in node.outputs]
         if node.kind == "arg":
@@ -539,12 +543,14 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
         key = (signatures[node.id], reads, writes, trailing[node.id], pins.get(node.id), whole,
                dot_transposed, runs[node.id], fused[node.id])
         if key not in known:
-            known[key] = tuple(node_strategies(node, einsum, out_values, pins.get(node.id),
-                                               _Context(axis_sizes, hw, (reads, writes),
-                                                        backend, dot_transposed,
-                                                        runs[node.id], fused[node.id],
-                                                        trailing[node.id]),
-                                                whole))
+            kept_key = (signature_of[signatures[node.id]], *key[1:], mesh)
+            found = menus.get(kept_key)
+            if found is None:
+                found = menus[kept_key] = tuple(node_strategies(
+                    node, einsum, out_values, pins.get(node.id),
+                    _Context(axis_sizes, hw, (reads, writes), backend, dot_transposed,
+                             runs[node.id], fused[node.id], trailing[node.id]), whole))
+            known[key] = found
         all_strategies.append(known[key])
     numbers = {}   # every tuple is alive here, so its id names it
     menu_ids = tuple(numbers.setdefault(id(found), len(numbers)) for found in all_strategies)

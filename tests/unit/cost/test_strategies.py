@@ -143,3 +143,31 @@ def test_a_contraction_scattered_onto_a_split_batch_dim_gathers_it_whole():
     assert scattered(dot, split, (("a", "b"), (), ())) == [["all-reduce", "all-gather"]]
     assert scattered(dot, split, (("a",), ("b",), ())) == [["reduce-scatter"]]
     assert scattered(reduce, ((("a",), ("b",), ()),), (("a", "b"), ())) == [["reduce-scatter"]]
+
+
+def test_strategies_kept_from_programs_built_before_are_those_built_afresh():
+    # a process keeps each node's strategies per hardware, mesh and node: a node alike
+    # in a later program (a remat or microbatch setting repeats most of its equations)
+    # gets the strategies it would get in a fresh process, and nodes differing in shape,
+    # dtype, mesh or hardware get their own
+    from autoshard.cost import forget_prices
+    slow = Hardware(flops=1e12, hbm_bandwidth=1e11, memory=1e9,
+                    link_bandwidth={"a": 1e9, "b": 1e9}, link_latency=1e-5)
+    programs = [
+        (lambda x, w: x @ w, ((64, 128), (128, 256)), jnp.float32),
+        (lambda x, w: jnp.tanh(x @ w).sum(0), ((64, 128), (128, 256)), jnp.float32),
+        (lambda x, w: jnp.tanh(x @ w).sum(0), ((64, 128), (128, 256)), jnp.bfloat16),
+        (lambda x, w: jnp.tanh(x @ w).sum(0), ((32, 128), (128, 256)), jnp.float32),
+        (lambda x, w: jax.nn.relu(x @ w) @ w.T, ((64, 128), (128, 256)), jnp.float32),
+    ]
+    settings = [(SIZES, HW), ({"a": 2, "b": 2}, HW), (SIZES, slow)]
+
+    cases = [(trace(fn, *[jax.ShapeDtypeStruct(d, dtype) for d in dims]), sizes, hw)
+             for fn, dims, dtype in programs for sizes, hw in settings]
+    forget_prices()
+    kept = [build_strategies(*case).strategies for case in cases]
+    for case, found in zip(cases, kept):
+        forget_prices()
+        assert build_strategies(*case).strategies == found
+    # the dot of the first program is the dot of the second: one menu, kept
+    assert any(a is b for a in kept[0] for b in kept[len(settings)])
