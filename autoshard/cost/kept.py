@@ -11,18 +11,17 @@ from __future__ import annotations
 
 from autoshard.target.hardware import Hardware
 
-KEPT_MAX = 1 << 18   # entries kept, at most, per store and Hardware
-HARDWARE_MAX = 8     # Hardware kept for, at most, per store
+HARDWARE_MAX = 8   # Hardware kept for, at most, per store
 
 _STORES: dict[str, dict[int, tuple[Hardware, dict]]] = {}
 
 
-def kept(store: str, hw: Hardware) -> dict:
-    """The dict ``store`` keeps for ``hw``: emptied once it holds ``KEPT_MAX`` entries,
-    and every Hardware's once ``HARDWARE_MAX`` are kept."""
+def kept(store: str, hw: Hardware, most: int) -> dict:
+    """The dict ``store`` keeps for ``hw``: emptied once it holds more than ``most``
+    entries, and every Hardware's once ``HARDWARE_MAX`` are kept."""
     by_hw = _STORES.setdefault(store, {})
     found = by_hw.get(id(hw))
-    if found is None or found[0] is not hw or len(found[1]) > KEPT_MAX:
+    if found is None or found[0] is not hw or len(found[1]) > most:
         if len(by_hw) >= HARDWARE_MAX:
             by_hw.clear()
         found = by_hw[id(hw)] = (hw, {})

@@ -91,9 +91,12 @@ def reshard_gathers(shape, dtype, src: Spec, dst: Spec, axis_sizes, hw) -> froze
                      if c.kind == "all-gather")
 
 
+KEPT_PRICES_MAX = 1 << 18   # reshard seconds kept, at most, per Hardware
+
+
 def kept_prices(hw: Hardware) -> dict:
     """The reshard seconds kept for ``hw``, by (shape, dtype, src, dst, axis sizes)."""
-    return kept.kept("reshard seconds", hw)
+    return kept.kept("reshard seconds", hw, KEPT_PRICES_MAX)
 
 
 def forget_prices() -> None:

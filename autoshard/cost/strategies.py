@@ -38,6 +38,7 @@ from autoshard.target.xla import (
 
 REPLICATED_BELOW_ELEMENTS = 1024   # arrays this small are kept whole (value_strategies)
 MAX_STRATEGIES = 96
+KEPT_MENUS_MAX = 1 << 13   # nodes' strategies a process keeps, at most, per Hardware
 
 
 @dataclasses.dataclass(frozen=True)
@@ -517,7 +518,7 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
     unsplit = whole_values(graph)
     all_strategies = []
     known: dict = {}   # a repeated layer's nodes (and arguments of a shape) share strategies
-    menus = kept.kept("strategies", hw)   # and so do nodes alike in programs built before
+    menus = kept.kept("strategies", hw, KEPT_MENUS_MAX)   # as do nodes alike built before
     mesh = (tuple(axis_sizes.items()), backend)
     for node, einsum in zip(graph.nodes, einsums):
         out_values = [graph.values[v] for v in node.outputs]
