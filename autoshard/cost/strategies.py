@@ -8,9 +8,12 @@ costs on one device (roofline compute and the collectives a split contraction ne
 from __future__ import annotations
 
 import dataclasses
+import enum
 import itertools
 import math
 from collections.abc import Mapping, Sequence
+
+import numpy as np
 
 from autoshard.cost import kept
 from autoshard.errors import PinError
@@ -485,6 +488,18 @@ def node_signature(graph: Graph, node: Node) -> tuple:
             node.weight)
 
 
+PLAIN_TYPES = (int, float, bool, str, type(None), np.dtype, enum.Enum)
+
+
+def plain(value) -> bool:
+    """Whether ``value`` is made of numbers, strings, dtypes and enums alone: a signature
+    a process may keep across programs (``kept``) without keeping alive what a program
+    holds (a jaxpr in a primitive's params, a callback's closure)."""
+    if isinstance(value, (tuple, frozenset)):
+        return all(plain(v) for v in value)
+    return isinstance(value, PLAIN_TYPES)
+
+
 def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
                      pins: Mapping[int, Spec] | None = None,
                      backend: Backend | None = None) -> StrategySpace:
@@ -544,13 +559,16 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
         key = (signatures[node.id], reads, writes, trailing[node.id], pins.get(node.id), whole,
                dot_transposed, runs[node.id], fused[node.id])
         if key not in known:
-            kept_key = (signature_of[signatures[node.id]], *key[1:], mesh)
+            signature = signature_of[signatures[node.id]]
+            kept_key = (signature, *key[1:], mesh) if plain(signature) else None
             found = menus.get(kept_key)
             if found is None:
-                found = menus[kept_key] = tuple(node_strategies(
+                found = tuple(node_strategies(
                     node, einsum, out_values, pins.get(node.id),
                     _Context(axis_sizes, hw, (reads, writes), backend, dot_transposed,
                              runs[node.id], fused[node.id], trailing[node.id]), whole))
+                if kept_key is not None:
+                    menus[kept_key] = found
             known[key] = found
         all_strategies.append(known[key])
     numbers = {}   # every tuple is alive here, so its id names it
