@@ -561,7 +561,7 @@ def build_strategies(graph: Graph, axis_sizes: Mapping[str, int], hw: Hardware,
         if key not in known:
             signature = signature_of[signatures[node.id]]
             kept_key = (signature, *key[1:], mesh) if plain(signature) else None
-            found = menus.get(kept_key)
+            found = None if kept_key is None else menus.get(kept_key)
             if found is None:
                 found = tuple(node_strategies(
                     node, einsum, out_values, pins.get(node.id),

@@ -10,8 +10,13 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from autoshard.cost.kept import _STORES
-from autoshard.cost.strategies import build_strategies, plain, value_strategies
+from autoshard.cost import forget_prices, kept
+from autoshard.cost.strategies import (
+    KEPT_MENUS_MAX,
+    build_strategies,
+    plain,
+    value_strategies,
+)
 from autoshard.frontend.trace import trace
 from autoshard.target.hardware import Hardware
 
@@ -151,7 +156,6 @@ def test_strategies_kept_from_programs_built_before_are_those_built_afresh():
     # in a later program (a remat or microbatch setting repeats most of its equations)
     # gets the strategies it would get in a fresh process, and nodes differing in shape,
     # dtype, mesh or hardware get their own
-    from autoshard.cost import forget_prices
     slow = Hardware(flops=1e12, hbm_bandwidth=1e11, memory=1e9,
                     link_bandwidth={"a": 1e9, "b": 1e9}, link_latency=1e-5)
     programs = [
@@ -168,12 +172,13 @@ def test_strategies_kept_from_programs_built_before_are_those_built_afresh():
     cases = [(trace(fn, *[jax.ShapeDtypeStruct(d, dtype) for d in dims]), sizes, hw)
              for fn, dims, dtype in programs for sizes, hw in settings]
     forget_prices()
-    kept = [build_strategies(*case).strategies for case in cases]
-    for case, found in zip(cases, kept):
+    built = [build_strategies(*case).strategies for case in cases]
+    for case, found in zip(cases, built):
         forget_prices()
         assert build_strategies(*case).strategies == found
     # the dot of the first program is the dot of the second: one menu, kept
-    assert any(a is b for a in kept[0] for b in kept[len(settings)])
-    signatures = [key[0] for store in _STORES["strategies"].values() for key in store[1]]
+    assert any(a is b for a in built[0] for b in built[len(settings)])
+    # what the last case (the scatter-add on the slow hardware) left kept
+    signatures = [key[0] for key in kept.kept("strategies", slow, KEPT_MENUS_MAX)]
     assert signatures and all(plain(signature) for signature in signatures)
     assert not any("scatter" in str(signature[1]) for signature in signatures)
