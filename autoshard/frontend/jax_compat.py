@@ -77,6 +77,43 @@ def closed_jaxpr(constvars: Sequence, invars: Sequence, outvars: Sequence, eqns:
     return ClosedJaxpr(jaxpr, list(consts))
 
 
+def inline_call(closed, path: Sequence, body):
+    """``closed`` with the call equation at the end of ``path`` (equations from its jaxpr
+    down through calls) replaced by the equations of ``body``, a closed jaxpr of the
+    same types as the call's: the jaxpr a trace with ``body`` traced in place gives."""
+    jaxpr, consts = split_closed(closed)
+    call = path[0]
+    if len(path) > 1:
+        name = INLINED[call.primitive.name]
+        inner = inline_call(call.params[name], path[1:], body)
+        eqns = [call.replace(params={**call.params, name: inner}) if e is call else e
+                for e in jaxpr.eqns]
+        return ClosedJaxpr(jaxpr.replace(eqns=eqns), list(consts))
+    inner, inner_consts = split_closed(body)
+    into = dict(zip(inner.invars, call.invars))      # the body's inputs: the call's operands
+    inlined = [_reading(e, into) for e in inner.eqns]
+    out_of = {v: _read(a, into) for v, a in zip(call.outvars, inner.outvars)}
+    at = next(i for i, e in enumerate(jaxpr.eqns) if e is call)
+    eqns = (list(jaxpr.eqns[:at]) + inlined
+            + [_reading(e, out_of) for e in jaxpr.eqns[at + 1:]])
+    new = jaxpr.replace(constvars=list(jaxpr.constvars) + list(inner.constvars), eqns=eqns,
+                        outvars=[_read(v, out_of) for v in jaxpr.outvars],
+                        effects=jaxpr.effects | inner.effects)
+    return ClosedJaxpr(new, list(consts) + list(inner_consts))
+
+
+def _read(atom, replaced: dict):
+    """``atom``, or what ``replaced`` puts in its place (a literal is never replaced)."""
+    return atom if isinstance(atom, Literal) else replaced.get(atom, atom)
+
+
+def _reading(eqn, replaced: dict):
+    """``eqn`` reading what ``replaced`` puts in place of its operands."""
+    invars = [_read(v, replaced) for v in eqn.invars]
+    return eqn if all(a is b for a, b in zip(invars, eqn.invars)) else eqn.replace(
+        invars=invars)
+
+
 def part_debug_info(jaxpr):
     """``jaxpr``'s debug info for a jaxpr made of some of its equations: its names of
     arguments and results dropped."""

@@ -318,13 +318,25 @@ def trace_program(fn: Callable, *args) -> Program:
         validate.output_leaves(jax.tree_util.tree_flatten_with_path(out)[0])
         return out
 
-    with validate.tracing(fn, dict(zip(argument_names(fn, len(args)), args))):
+    with tracing_errors(fn, args):
         closed, out_shapes = jax.make_jaxpr(flat_fn, return_shape=True)(*leaves)
     out_avals, out_tree = jax.tree_util.tree_flatten(out_shapes)
     out_paths = ["out" + jax.tree_util.keystr(k) for k, _ in
                  jax.tree_util.tree_flatten_with_path(out_shapes)[0]]
     return Program(closed, tuple(leaves), tuple(paths), in_tree, out_tree, tuple(out_avals),
                    tuple(out_paths))
+
+
+def tracing_errors(fn: Callable, args: Sequence):
+    """Errors raised while tracing ``fn`` at ``args``, or a part of it, named as
+    ``trace_program`` names them (``validate.tracing``)."""
+    return validate.tracing(fn, dict(zip(argument_names(fn, len(args)), args)))
+
+
+def value_type(x) -> tuple:
+    """The shape, dtype and weak type of an array, tracer, aval or ShapeDtypeStruct."""
+    aval = getattr(x, "aval", x)
+    return tuple(aval.shape), aval.dtype, bool(getattr(aval, "weak_type", False))
 
 
 def build_graph(program: Program) -> Graph:

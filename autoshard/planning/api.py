@@ -19,7 +19,7 @@ from autoshard.cost import CostGraph, build_cost_graph
 from autoshard.cost.strategies import build_strategies
 from autoshard.errors import MemoryBudgetError, PinError
 from autoshard.frontend import specs, validate
-from autoshard.frontend.trace import build_graph, hold_static_leaves, trace_program
+from autoshard.frontend.trace import Program, build_graph, hold_static_leaves, trace_program
 from autoshard.planning.cache import PLANS, cache_dir
 from autoshard.planning.fingerprint import plan_key, program_fingerprint
 from autoshard.planning.options import (
@@ -323,12 +323,14 @@ plan.__signature__ = keyword_signature(
     inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL))
 
 
-def plan_program(fn: Callable, args: tuple, options: PlanOptions) -> Plan:
+def plan_program(fn: Callable, args: tuple, options: PlanOptions,
+                 trace: Callable[[], Program] | None = None) -> Plan:
     """The plan of ``fn`` at ``args`` as traced (under the settings search's rewrite, if
-    any): looked up in the cache, or solved (``solve_program``) and kept there."""
+    any; ``trace()`` traces it where given): looked up in the cache, or solved
+    (``solve_program``) and kept there."""
     started = time.perf_counter()
     with PlanProgress(options.progress) as show, collection_paused():
-        program = trace_program(fn, *args)
+        program = trace_program(fn, *args) if trace is None else trace()
         jaxpr_s = time.perf_counter() - started
         options = dataclasses.replace(options, pins=pin_paths(options.pins, program.paths, args))
         fingerprint = program_fingerprint(program.closed_jaxpr, program.leaves)

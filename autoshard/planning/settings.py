@@ -31,9 +31,11 @@ from autoshard.solver.solve import CannotBeat
 from autoshard.units import axis_sizes
 
 if TYPE_CHECKING:
+    from autoshard.frontend.trace import Program
     from autoshard.planning.plan import Plan
 
-PlanProgram = Callable[[Callable, tuple, PlanOptions], "Plan"]   # plans one traced program
+# plans one traced program: (fn, args, options, a function tracing fn at args) -> Plan
+PlanProgram = Callable[[Callable, tuple, PlanOptions, Callable[[], "Program"]], "Plan"]
 
 AUTO_MAX_MICROBATCHES = 64
 
@@ -43,8 +45,9 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass(frozen=True)
 class Search:
     """The program whose settings are searched: ``fn`` at ``args`` planned with
-    ``options``, each setting's program by ``plan_program(fn, args, options)``; the
-    marked loss's jaxprs kept across settings in ``traces``."""
+    ``options``, each setting's program by ``plan_program(fn, args, options, trace)``;
+    the marked loss's jaxprs, and the program around it, kept across settings in
+    ``traces`` (``trace()`` reads it)."""
 
     plan_program: PlanProgram
     fn: Callable
@@ -63,7 +66,8 @@ class Search:
         faster than ``beat`` seconds."""
         options = dataclasses.replace(self.options, seconds_to_beat=beat)
         with microbatching(setting, record, mesh, self.traces):
-            return self.plan_program(self.fn, self.args, options)
+            return self.plan_program(self.fn, self.args, options,
+                                     lambda: self.traces.program(self.fn, self.args))
 
 
 def plan_settings(plan_program: PlanProgram, fn: Callable, args: tuple,

@@ -120,6 +120,13 @@ def value_and_grad(fun: Callable, argnums: int | Sequence[int] = 0,
 
     @functools.wraps(fun)
     def marked(*args, **kwargs):
+        traces = _TRACES.get()
+        if traces is None:
+            return rewritten(*args, **kwargs)
+        return traces.marked_call(functools.partial(rewritten, **kwargs), args)
+
+    def rewritten(*args, **kwargs):
+        """The marked loss's value and gradient under the setting in force."""
         setting, record = _SETTING.get(), _RECORD.get()
         if record is not None:
             record.batch_sizes.append(batch_size(args, argnums))

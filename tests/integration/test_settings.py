@@ -49,10 +49,10 @@ class StubPlanner:
         self.table = table
         self.calls = []
 
-    def __call__(self, fn, args, options):
+    def __call__(self, fn, args, options, trace):
         setting = active_setting()
         if setting is None or setting.remat is None:   # no layer stack to rematerialize
-            jax.make_jaxpr(lambda *a: fn(*a))(*args)   # traced afresh under the setting
+            trace()   # traced under the setting, as the search traces it
         key = (1, ()) if setting is None else (setting.microbatches, setting.replica_axes)
         if setting is not None and setting.remat is not None:
             key += (setting.remat,)
