@@ -26,6 +26,13 @@ a scan before pipelining it), each planned with the pipeline over 'data' forced 
 ``pipeline="auto"``, compiled and priced: the unrolled model's step against the scanned
 one's, planned and compiled (``--microbatches`` fixes M; default ``"auto"``).
 
+Part 5 (``--part traces``): part 2's step traced under each setting its search plans
+(K = 1 with each remat policy, K = 2, 4, 8 over 'model' with nothing saved), two ways side
+by side in one process: the marked loss traced alone and put into the step kept from the
+first setting (``rewrite.traces.Traces.program``, what the search does), and the whole
+step traced again (what it did before), the loss's own jaxprs kept in both. It prints
+the seconds of each and whether the two programs are one (their fingerprints).
+
 Part 4 (``--part 8b``): a LLaMA-3-8B-shaped step (32 layers, d_model 4096, FFN 14336,
 Adam, bf16, batch 512 x 2048 tokens) planned from abstract arguments on 512 devices, mesh
 8x8x8 (data, fsdp, model), options left at their defaults: planning time by stage, the
@@ -36,6 +43,7 @@ number of reshards priced, the plan's step and memory.
     python benchmarks/pipeline.py --part unrolled
     python benchmarks/pipeline.py --part 70b --unrolled
     python benchmarks/pipeline.py --part 8b
+    python benchmarks/pipeline.py --part traces --unrolled
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ import subprocess
 import sys
 import time
 
-DEVICES = {"gpt": 16, "70b": 64, "unrolled": 16, "8b": 512}
+DEVICES = {"gpt": 16, "70b": 64, "unrolled": 16, "8b": 512, "traces": 64}
 
 
 def hardware(autoshard):
@@ -272,6 +280,48 @@ def llama_part(args) -> None:
           ", ".join(f"{stage} {s:.1f} s" for stage, s in totals.items()))
 
 
+def traces_part(args) -> None:
+    """Part 2's step traced under each setting: the kept step against the whole step."""
+    import gc
+
+    import autoshard
+    from autoshard.planning.fingerprint import program_fingerprint
+    from autoshard.rewrite.accumulate import Microbatching, TraceRecord, microbatching
+    from autoshard.rewrite.traces import Traces
+    from autoshard.zoo.models import gpt
+
+    cfg = gpt.GPTConfig(vocab=128256, seq=2048, d_model=8192, heads=64, layers=80,
+                        d_ff=28672, batch=64, dtype="bfloat16", lr=3e-4,
+                        scan_layers=not args.unrolled)
+    case = gpt.train_case(config=cfg, abstract=True)
+    mesh = autoshard.make_mesh((8, 8), ("data", "model"))
+    settings = [None] + [Microbatching(1, remat=r) for r in ("dots_saveable", "nothing_saveable")]
+    settings += [Microbatching(k, ("model",), 8, remat="nothing_saveable") for k in (2, 4, 8)]
+    # each keeps the loss's jaxprs across settings; only the first keeps the step
+    kept, whole = Traces(), Traces(marking=False)
+    print(f"LLaMA-3-70B shape, {cfg.layers} {'unrolled' if args.unrolled else 'scanned'} "
+          "layers: seconds to trace each setting's program")
+    print(f"  {'setting':32}{'kept step':>10}{'whole step':>12}  same program")
+    totals = [0.0, 0.0]
+    gc.disable()   # as planning traces (apply.collection_paused)
+    for setting in settings:
+        started = time.perf_counter()
+        with microbatching(setting, TraceRecord(), mesh, kept):
+            a = kept.program(case.train_step, case.args)
+        middle = time.perf_counter()
+        with microbatching(setting, TraceRecord(), mesh, whole):
+            b = whole.program(case.train_step, case.args)
+        ended = time.perf_counter()
+        same = (program_fingerprint(a.closed_jaxpr, a.leaves)
+                == program_fingerprint(b.closed_jaxpr, b.leaves))
+        totals[0] += middle - started
+        totals[1] += ended - middle
+        name = "K=1, no remat" if setting is None else \
+            f"K={setting.microbatches}, remat {setting.remat}"
+        print(f"  {name:32}{middle - started:>9.2f}s{ended - middle:>11.2f}s  {same}")
+    print(f"  {'all':32}{totals[0]:>9.2f}s{totals[1]:>11.2f}s")
+
+
 def llama_8b_part(args) -> None:
     import autoshard
     from autoshard.cost import partitioner
@@ -347,7 +397,7 @@ def stage_split(tried: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--part", choices=("gpt", "70b", "unrolled", "8b", "all"),
+    parser.add_argument("--part", choices=("gpt", "70b", "unrolled", "8b", "traces", "all"),
                         default="all")
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--d-model", type=int, default=2048)
@@ -356,7 +406,7 @@ def main() -> None:
     parser.add_argument("--microbatches", default="auto",
                         help="pipeline microbatches in part 3: a count, or auto")
     parser.add_argument("--unrolled", action="store_true",
-                        help="parts 2 and 4: the layers a Python list of blocks, not a scan")
+                        help="parts 2, 4 and 5: the layers a Python list of blocks, not a scan")
     parser.add_argument("--pipeline", default=None,
                         help="part 2: plan with this pipeline option too (a mesh axis, or "
                              "auto), searching pipelines instead of K alone")
@@ -371,7 +421,7 @@ def main() -> None:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                f" --xla_force_host_platform_device_count={DEVICES[args.part]}")
     {"gpt": gpt_part, "70b": llama_part, "unrolled": unrolled_part,
-     "8b": llama_8b_part}[args.part](args)
+     "8b": llama_8b_part, "traces": traces_part}[args.part](args)
 
 
 if __name__ == "__main__":

@@ -56,11 +56,13 @@ def arguments_key(args: Sequence) -> tuple:
 class Traces:
     """Jaxprs and what is read from them, by function and argument types."""
 
-    def __init__(self):
+    def __init__(self, marking: bool = True):
+        """``marking``: whether the marked loss is traced as a call, so that the step
+        around it is kept (False: each setting traces the whole step)."""
         self._kept: dict = {}
         self._calls: list[MarkedCall | None] = []   # the marked calls of the trace under way
         self._around: Around | None = None   # the program around the marked call
-        self._marking = True   # whether marked losses are traced as calls
+        self._marking = marking
 
     def program(self, fn: Callable, args: Sequence) -> Program:
         """``trace_program(fn, *args)`` under the setting in force: the marked call
