@@ -239,15 +239,22 @@ def where_time_goes(report, pipelining, hw) -> None:
           f"{(report.compute_s - bound - bubble) * 1e3:.2f} ms")
 
 
-def llama_part(args) -> None:
+def llama_70b(args):
+    """Part 2's step: its config, its abstract train case, and its 8x8 mesh."""
     import autoshard
     from autoshard.zoo.models import gpt
 
     cfg = gpt.GPTConfig(vocab=128256, seq=2048, d_model=8192, heads=64, layers=80,
                         d_ff=28672, batch=64, dtype="bfloat16", lr=3e-4,
                         scan_layers=not args.unrolled)
-    case = gpt.train_case(config=cfg, abstract=True)
-    mesh = autoshard.make_mesh((8, 8), ("data", "model"))
+    return cfg, gpt.train_case(config=cfg, abstract=True), autoshard.make_mesh(
+        (8, 8), ("data", "model"))
+
+
+def llama_part(args) -> None:
+    import autoshard
+
+    cfg, case, mesh = llama_70b(args)
     hw = hardware(autoshard)
     print(f"LLaMA-3-70B shape: {cfg.layers} {'unrolled' if args.unrolled else 'scanned'} "
           f"layers, d_model {cfg.d_model}, FFN {cfg.d_ff}, "
@@ -284,25 +291,20 @@ def traces_part(args) -> None:
     """Part 2's step traced under each setting: the kept step against the whole step."""
     import gc
 
-    import autoshard
     from autoshard.frontend.trace import trace_program
     from autoshard.planning.fingerprint import program_fingerprint
+    from autoshard.planning.settings import describe
     from autoshard.rewrite.accumulate import Microbatching, TraceRecord, microbatching
     from autoshard.rewrite.traces import Traces
-    from autoshard.zoo.models import gpt
 
-    cfg = gpt.GPTConfig(vocab=128256, seq=2048, d_model=8192, heads=64, layers=80,
-                        d_ff=28672, batch=64, dtype="bfloat16", lr=3e-4,
-                        scan_layers=not args.unrolled)
-    case = gpt.train_case(config=cfg, abstract=True)
-    mesh = autoshard.make_mesh((8, 8), ("data", "model"))
+    cfg, case, mesh = llama_70b(args)
     settings = [None] + [Microbatching(1, remat=r) for r in ("dots_saveable", "nothing_saveable")]
     settings += [Microbatching(k, ("model",), 8, remat="nothing_saveable") for k in (2, 4, 8)]
     # each keeps the loss's jaxprs across settings; only the first keeps the step
     kept, whole = Traces(), Traces(marking=False)
     print(f"LLaMA-3-70B shape, {cfg.layers} {'unrolled' if args.unrolled else 'scanned'} "
           "layers: seconds to trace each setting's program")
-    print(f"  {'setting':32}{'kept step':>10}{'whole step':>12}  same program")
+    print(f"  {'setting':40}{'kept step':>10}{'whole step':>12}  same program")
     totals = [0.0, 0.0]
     gc.disable()   # as planning traces (apply.collection_paused)
     trace_program(case.train_step, *case.args)   # JAX's own first-use costs, paid by neither
@@ -318,10 +320,9 @@ def traces_part(args) -> None:
                 == program_fingerprint(b.closed_jaxpr, b.leaves))
         totals[0] += middle - started
         totals[1] += ended - middle
-        name = "K=1, no remat" if setting is None else \
-            f"K={setting.microbatches}, remat {setting.remat}"
-        print(f"  {name:32}{middle - started:>9.2f}s{ended - middle:>11.2f}s  {same}")
-    print(f"  {'all':32}{totals[0]:>9.2f}s{totals[1]:>11.2f}s")
+        print(f"  {describe(setting):40}{middle - started:>9.2f}s{ended - middle:>11.2f}s"
+              f"  {same}")
+    print(f"  {'all':40}{totals[0]:>9.2f}s{totals[1]:>11.2f}s")
 
 
 def llama_8b_part(args) -> None:
