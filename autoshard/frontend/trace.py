@@ -333,12 +333,6 @@ def tracing_errors(fn: Callable, args: Sequence):
     return validate.tracing(fn, dict(zip(argument_names(fn, len(args)), args)))
 
 
-def value_type(x) -> tuple:
-    """The shape, dtype and weak type of an array, tracer, aval or ShapeDtypeStruct."""
-    aval = getattr(x, "aval", x)
-    return tuple(aval.shape), aval.dtype, bool(getattr(aval, "weak_type", False))
-
-
 def build_graph(program: Program) -> Graph:
     """The program's Graph: a node per equation, argument, constant and output."""
     closed = program.closed_jaxpr

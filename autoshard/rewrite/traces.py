@@ -30,7 +30,7 @@ import jax
 
 from autoshard.frontend import jax_compat
 from autoshard.frontend.interpret import INLINED
-from autoshard.frontend.trace import Program, trace_program, tracing_errors, value_type
+from autoshard.frontend.trace import Program, trace_program, tracing_errors
 
 # The name of the call equation a marked loss is traced as, under a settings search.
 MARKED = "autoshard_marked_loss"
@@ -183,8 +183,9 @@ class Around:
                                       weak_type=getattr(v.aval, "weak_type", False))
                  for v in call.invars]
         with tracing_errors(fn, args):
-            body, outs = jax.make_jaxpr(self.call.inline, return_shape=True)(types)
-        if list(map(value_type, outs)) != [value_type(v.aval) for v in call.outvars]:
+            body = jax.make_jaxpr(self.call.inline)(types)
+        if [v.aval for v in jax_compat.split_closed(body)[0].outvars] != \
+                [v.aval for v in call.outvars]:
             return None
         return self.with_body(body)
 
