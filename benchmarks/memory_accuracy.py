@@ -1,17 +1,19 @@
-"""Memory accuracy: the planner's peak against XLA's live peak and XLA's allocation.
+"""Memory accuracy: the planner's peak against the bytes XLA holds together at its peak
+and XLA's allocation.
 
 ``memory_analysis()`` counts what XLA allocates: arguments, outputs and one heap of
 temporaries, minus donated buffers. The heap is larger than the bytes live at its peak,
 because XLA's buffer assignment cannot pack the temporaries without gaps; the planner
 counts the live bytes and does not model that packing. XLA's buffer-assignment dump gives
-both figures for each compiled program. Its live peak counts an output only from when it
-is written; for a train step whose state is donated, the outputs are the arguments.
+both figures for each compiled program: the peak is the most bytes its live buffers
+occupy at one point of its schedule, an output counted only from when it is written; for
+a train step whose state is donated, the outputs are the arguments.
 
 For each program and mesh: the auto plan and every expert layout (pinned, the solver
 filling in the rest), compiled with XLA's dump on (``hlo_report.buffer_bytes``). Prints
-the predicted peak, XLA's live peak and its allocation (MiB), the prediction's error
-against the live peak (the planner's own error) and the allocation's excess over the
-live peak (the packing), then the median and worst of each per program and mesh.
+the predicted peak, XLA's peak held together and its allocation (MiB), the prediction's
+error against that peak (the planner's own error) and the allocation's excess over it
+(the packing), then the median and worst of each per program and mesh.
 
 Run: python benchmarks/memory_accuracy.py [--programs gpt,moe,plain_lm,plain_moe,plain_cnn]
                                           [--meshes 8,2x4]
@@ -42,17 +44,17 @@ class Measured(NamedTuple):
     mesh: str
     layout: str
     predicted: float   # bytes
-    live: int          # XLA's peak of live bytes
+    live: int          # the most bytes XLA holds together
     allocated: int     # what memory_analysis() counts
 
     @property
     def error(self) -> float:
-        """The prediction against XLA's live peak."""
+        """The prediction against the bytes XLA holds together at its peak."""
         return self.predicted / self.live - 1
 
     @property
     def packing(self) -> float:
-        """The allocation's excess over XLA's live peak."""
+        """The allocation's excess over the bytes XLA holds together at its peak."""
         return self.allocated / self.live - 1
 
 

@@ -744,11 +744,12 @@ def compile_with_buffer_bytes(lowered):
 
 def within_budget(plan, budget: float, live_bytes: int, allocated_bytes: int) -> Outcome:
     """``over_budget`` where XLA's compiled program allocates more than the budget the
-    plan was made for (its live peak, which the planner predicts, said too)."""
+    plan was made for (the bytes it holds together at its peak, which the planner
+    predicts, said too)."""
     if allocated_bytes <= budget:
         return Outcome("ok")
     return Outcome("over_budget", f"compiled {allocated_bytes} B allocated ({live_bytes} B "
-                   f"live at the peak) over the budget of {budget:.0f} B; the plan "
+                   f"held together at the peak) over the budget of {budget:.0f} B; the plan "
                    f"predicted {plan.cost.memory_bytes:.0f} B",
                    overrun=allocated_bytes / budget - 1)
 

@@ -85,17 +85,19 @@ def test_gathered_weights_are_held_to_their_last_reader_that_shares_them(mesh_1d
 ])
 @pytest.mark.slow
 def test_a_gathered_weight_dies_once_copied_for_the_backward_pass(mesh_1d, case):
-    """FSDP, against the bytes XLA holds live at its peak (``buffer_bytes``). XLA gathers
-    every weight at the start and at once copies it into the layouts its readers want
-    (a dot's backward layout, a convolution's reversed kernel); then the gathered copy
-    dies. Held to its readers in the backward pass beside the copies made from it, the
-    gathered weights put the prediction 34 % (CNN) and 15 % (GPT) over XLA's peak."""
+    """FSDP, against the bytes XLA holds together at its peak (``buffer_bytes``). XLA
+    gathers every weight at the start and at once copies it into the layouts its readers
+    want (a dot's backward layout, a convolution's reversed kernel); then the gathered
+    copy dies. Held to its readers in the backward pass beside the copies made from it,
+    the gathered weights put the prediction 34 % (CNN) and 15 % (GPT) over XLA's dumped
+    peak. The CNN is now predicted 8.9 % under what XLA holds together (10.84 MB against
+    11.89 MB), the GPT 0.2 % under, on both jaxes."""
     case = case()
     args = case.abstract_args()
     plan = autoshard.plan(case.train_step, *args, mesh=mesh_1d, cache=False,
                           pins=case.experts["fsdp"](mesh_1d), donate_argnums=case.donate_argnums)
     live, _ = buffer_bytes(plan.jit(donate_argnums=case.donate_argnums).lower(*args))
-    assert plan.cost.memory_bytes == pytest.approx(live, rel=0.07)
+    assert plan.cost.memory_bytes == pytest.approx(live, rel=TOLERANCE)
 
 
 @pytest.mark.slow
@@ -181,9 +183,9 @@ def mlp_stack_step(params, x):
 
 
 def accumulated_mlp_stack(mesh, microbatches: int, pins=None) -> tuple[float, int]:
-    """(predicted, XLA's live peak) of ``mlp_stack_step`` (4 layers, 256 <-> 1024, batch
-    1024) accumulated over ``microbatches`` with nothing saved, its replica slices over
-    the whole mesh."""
+    """(predicted, bytes XLA holds together at its peak) of ``mlp_stack_step`` (4 layers,
+    256 <-> 1024, batch 1024) accumulated over ``microbatches`` with nothing saved, its
+    replica slices over the whole mesh."""
     params = {"a": jax.ShapeDtypeStruct((4, 256, 1024), jnp.float32),
               "b": jax.ShapeDtypeStruct((4, 1024, 256), jnp.float32)}
     x = jax.ShapeDtypeStruct((1024, 256), jnp.float32)
@@ -213,9 +215,10 @@ def test_accumulated_weights_gathered_once_are_held_through_the_loop(microbatche
     """Weights split over the whole mesh are gathered once before the accumulation loop
     and broadcast to a copy per replica slice, a bitcast of the gathered weights: the
     gathered buffer is held while the loop reads the copies. The model freed it at the
-    broadcast: 18 % under on jax 0.10, where XLA also holds it. (jax 0.12's XLA holds
-    less at once in that loop; the model is over there, never under.)"""
+    broadcast: 18 % under on jax 0.10, where XLA also holds it. jax 0.12's XLA holds it
+    too: its dumped peak (22.2 MB) leaves out what the loop holds; held together, 29.4 MB
+    against 30.3 MB predicted (2 microbatches)."""
     split = P(None, ("data", "model"))
     predicted, live = accumulated_mlp_stack(mesh_2d, microbatches,
                                             {"params['a']": split, "params['b']": split})
-    assert predicted >= (1 - TOLERANCE) * live
+    assert predicted == pytest.approx(live, rel=TOLERANCE)

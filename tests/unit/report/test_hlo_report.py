@@ -21,6 +21,8 @@ from xla_habits import CPU_WIDENS_NARROW_DOTS
 from autoshard.report.hlo_report import (
     Report,
     _bytes,
+    buffer_bytes,
+    held_together,
     hlo_report,
     parse_hlo,
     parse_replica_groups,
@@ -468,3 +470,43 @@ def test_partition_ids_follow_mesh_device_order():
     (ar,) = _snippet("explicit_groups.hlo", mesh).collectives
     assert ar.axes == ("data",)
 
+
+
+ASSIGNMENT = """\
+allocation 0: size 64, parameter 0, shape |f32[16]| at ShapeIndex {}:
+ value: <0 p0 @0> (size=64,offset=0): f32[16]{0}
+allocation 1: size 96, preallocated-temp:
+ value: <1 a @0> (size=64,offset=0): f32[16]{0}
+ value: <2 a.view @0> (size=64,offset=0): f32[16]{0}
+ value: <3 b @0> (size=32,offset=64): f32[8]{0}
+ value: <4 c @0> (size=48,offset=16): f32[12]{0}
+"""
+LIVE_RANGES = """\
+HloLiveRange (max 4):
+  InstructionSequence:
+    0:p0
+  BufferLiveRange:
+    p0{}:0-4
+    a{}:1-2
+    a.view{}:1-3
+    b{}:2-3
+    c{}:4-4
+"""
+
+
+def test_bytes_held_together_count_shared_bytes_once():
+    # at point 2: the argument (64 B), a and its view (the same 64 B) and b (32 B); at
+    # point 4, c reuses a's bytes after it died: 64 + 48
+    assert held_together(ASSIGNMENT, LIVE_RANGES) == 64 + 64 + 32
+
+
+def test_bytes_held_together_lie_between_the_arguments_and_the_allocation():
+    def f(x, w):
+        h = jnp.tanh(x @ w)
+        return jnp.sum(jnp.sin(h) @ w.T)
+    x, w = jnp.ones((64, 128)), jnp.ones((128, 256))
+    lowered = jax.jit(jax.grad(f, argnums=1)).lower(x, w)
+    together, allocated = buffer_bytes(lowered)
+    memory = lowered.compile().memory_analysis()
+    held = memory.argument_size_in_bytes + memory.output_size_in_bytes
+    assert held + 64 * 256 * 4 <= together <= allocated   # the activation h beside them
