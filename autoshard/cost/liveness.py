@@ -29,6 +29,7 @@ from autoshard.target.xla import (
     cpu_top_k_scratch,
     expensive,
     fft_on_cpu,
+    layout_copies_made_when_written,
     loop_scope,
     spreads,
     transposed_operands,
@@ -608,7 +609,9 @@ class Liveness:
         of arguments alone that no earlier reader makes alike (``layout_copy_kind``) is
         work on arguments alone, which XLA does first: it too lives from the start (a
         bf16 kernel read in f32 by a convolution, and transposed in f32 by its kernel
-        gradient: two copies, both made at the start)."""
+        gradient: two copies, both made at the start). XLA:CPU makes a computed value's
+        first copy of a kind once the value is written (``layout_copy_made``): the
+        activation a weight-gradient convolution reads transposed."""
         kinds: dict[int, set] = {}
         for value_id, node_id, i in sorted(transposed, key=lambda read: read[1]):
             dsts = self.groups.menus[node_id].in_lists[i]
@@ -616,10 +619,22 @@ class Liveness:
                          * self.wide(self.graph.nodes[node_id], value_id))
             kind = self.layout_copy_kind(value_id, node_id, i)
             made = kinds.setdefault(value_id, set())
-            first = (0 if from_args[value_id] and kind not in made
-                     else self.copy_starts(value_id, from_args)[node_id])
+            first = self.copy_starts(value_id, from_args)[node_id]
+            if kind not in made:
+                first = min(first, self.layout_copy_made(self.graph.values[value_id],
+                                                         from_args))
             made.add(kind)
             yield GroupTerm(self.groups.group_of_node[node_id], num_bytes), first, node_id
+
+    def layout_copy_made(self, value, from_args: Sequence[bool]) -> float:
+        """Where XLA makes a value's first layout copy of a kind, if it makes it early:
+        at the start for a value of arguments alone; after its producer's node where the
+        backend copies a value once written (``layout_copies_made_when_written``)."""
+        if from_args[value.id]:
+            return 0
+        if layout_copies_made_when_written(self.space.backend.platform):
+            return self.written_at(self.graph.nodes[value.producer], value) + 1
+        return math.inf
 
     def layout_copy_kind(self, value_id: int, node_id: int, i: int) -> tuple:
         """What a layout copy of a value for operand ``i`` of a node is, as far as XLA

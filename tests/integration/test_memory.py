@@ -90,14 +90,16 @@ def test_a_gathered_weight_dies_once_copied_for_the_backward_pass(mesh_1d, case)
     want (a dot's backward layout, a convolution's reversed kernel); then the gathered
     copy dies. Held to its readers in the backward pass beside the copies made from it,
     the gathered weights put the prediction 34 % (CNN) and 15 % (GPT) over XLA's dumped
-    peak. The CNN is now predicted 8.9 % under what XLA holds together (10.84 MB against
-    11.89 MB), the GPT 0.2 % under, on both jaxes."""
+    peak. Against what XLA holds together, the CNN is predicted 4.4 % under (11.37 MB
+    against 11.89 MB; 8.9 % under before its transposed activations were counted from
+    their write, ``xla.layout_copies_made_when_written``), the GPT 0.2 % under, on both
+    jaxes."""
     case = case()
     args = case.abstract_args()
     plan = autoshard.plan(case.train_step, *args, mesh=mesh_1d, cache=False,
                           pins=case.experts["fsdp"](mesh_1d), donate_argnums=case.donate_argnums)
     live, _ = buffer_bytes(plan.jit(donate_argnums=case.donate_argnums).lower(*args))
-    assert plan.cost.memory_bytes == pytest.approx(live, rel=TOLERANCE)
+    assert plan.cost.memory_bytes == pytest.approx(live, rel=0.05)
 
 
 @pytest.mark.slow
