@@ -5,11 +5,13 @@ Prints per case: graph nodes, groups before and after coarsening, seconds per st
 (JAX's own make_jaxpr of the program, our graph, strategies + costs, coarsen, solve) and
 end to end (XLA compilation excluded), the planner's own seconds (end to end less JAX's
 make_jaxpr), and the time of a second call, which the plan cache answers. Each case is
-planned --repeat times from an empty cache after a warm-up plan, and its median run is
-shown, so that one-time costs and a busy machine's outliers do not decide the figures. Then the
-targets: 24 layers within 5 s, 48 layers within 1.5 x 12 layers, end to end and for the
-planner's own share, and the floor that JAX's tracing alone sets on the 48 / 12 ratio
-(the 12-layer time plus the growth of make_jaxpr from 12 to 48 layers).
+planned --repeat times from an empty cache after a warm-up plan, the layer counts in turn
+in each round, and its median run is shown, so that one-time costs, a busy machine's
+outliers and its drift do not decide the figures. Then the targets: 24 layers within 5 s,
+48 layers within 1.5 x 12 layers, end to end and for the planner's own share (also per
+round, each round's pair planned side by side), and the floor that JAX's tracing alone
+sets on the 48 / 12 ratio (the 12-layer time plus the growth of make_jaxpr from 12 to 48
+layers).
 
 With --quality, the 12-layer unrolled plan with reuse is judged against the plan
 without it by their compiled programs (autoshard.report.hlo_report, as in plan_quality.py).
@@ -55,12 +57,19 @@ def row(name, plan, total, again):
             + f"{plan.cost.total_s * 1e3:>9.2f}  {s['status']}")
 
 
-def median_plan(program, mesh, repeat: int):
-    """The median of ``repeat`` plans from an empty cache, and a cached call after it."""
-    runs = []
+def interleaved_plans(programs: dict, mesh, repeat: int) -> dict:
+    """Per layer count, ``repeat`` plans from an empty cache, the counts taken in turn in
+    each round, so that a machine slowing down or speeding up weighs on every count."""
+    runs = {layers: [] for layers in programs}
     for _ in range(repeat):
-        cache.PLANS.clear()
-        runs.append(timed_plan(program, mesh))
+        for layers, program in programs.items():
+            cache.PLANS.clear()
+            runs[layers].append(timed_plan(program, mesh))
+    return runs
+
+
+def median_run(runs, program, mesh):
+    """The median of ``runs`` (plan, seconds), and a cached call after it."""
     plan, total = sorted(runs, key=lambda run: run[1])[(len(runs) - 1) // 2]
     _, again = timed_plan(program, mesh)
     return plan, total, again
@@ -107,11 +116,13 @@ def main():
     print(f"{'case':14}{'nodes':>7}{'groups':>7}{'solved':>7}{'jaxpr':>8}{'graph':>8}"
           f"{'cost':>8}{'coarsen':>8}{'solve':>8}{'total':>8}{'own':>8}{'cached':>8}"
           f"{'pred ms':>9}")
-    totals, jaxprs = {}, {}
+    totals, jaxprs, rounds = {}, {}, {}
     for variant in args.variants.split(","):
-        for layers in layer_counts:
-            program = gpt(layers, scanned=variant == "scanned")
-            plan, total, again = median_plan(program, mesh, args.repeat)
+        programs = {n: gpt(n, scanned=variant == "scanned") for n in layer_counts}
+        runs = interleaved_plans(programs, mesh, args.repeat)
+        rounds[variant] = runs
+        for layers, program in programs.items():
+            plan, total, again = median_run(runs[layers], program, mesh)
             totals[(variant, layers)] = total
             jaxprs[(variant, layers)] = plan.stats.jaxpr_s
             print(row(f"{variant} {layers}", plan, total, again), flush=True)
@@ -123,6 +134,10 @@ def main():
                      + ratio_lines(f"{variant} planner's own", own, False)):
             print(line)
         if 12 in total and 48 in total:
+            own_of = [[plan_s - p.stats.jaxpr_s for p, plan_s in rounds[variant][n]]
+                      for n in (12, 48)]
+            print(f"{variant} planner's own, 48 / 12 layers in each round: " + ", ".join(
+                f"{b / a:.2f}" for a, b in zip(*own_of)))
             floor = (total[12] + jaxpr[48] - jaxpr[12]) / total[12]
             print(f"{variant}: JAX's make_jaxpr alone takes {jaxpr[12]:.2f} s at 12 layers and "
                   f"{jaxpr[48]:.2f} s at 48, so 48 / 12 end to end is at least {floor:.2f} "
