@@ -1033,14 +1033,13 @@ def held_together(assignment: str, live_ranges: str) -> int:
     ranges = live_ranges.split("BufferLiveRange:")[-1]
     spans = sorted((int(m.group(2)), int(m.group(3)), slots[m.group(1)])
                    for m in _LIVE_RANGE.finditer(ranges) if m.group(1) in slots)
-    live: list[tuple[int, tuple]] = []
+    live: list[tuple[int, tuple]] = []   # (last point, slot) of the buffers live now
     peak = 0
-    for k, (start, _, _) in enumerate(spans):
-        live = [(end, slot) for end, slot in live if end >= start]
-        live.append((spans[k][1], spans[k][2]))
-        if k + 1 < len(spans) and spans[k + 1][0] == start:
-            continue   # every buffer starting here is in first
-        peak = max(peak, _covered(slot for _, slot in live))
+    for k, (start, end, slot) in enumerate(spans):
+        live = [(last, held) for last, held in live if last >= start]
+        live.append((end, slot))
+        if k + 1 == len(spans) or spans[k + 1][0] > start:   # all that start here are in
+            peak = max(peak, _covered(held for _, held in live))
     return peak
 
 
