@@ -471,7 +471,6 @@ def test_partition_ids_follow_mesh_device_order():
     assert ar.axes == ("data",)
 
 
-
 ASSIGNMENT = """\
 allocation 0: size 64, parameter 0, shape |f32[16]| at ShapeIndex {}:
  value: <0 p0 @0> (size=64,offset=0): f32[16]{0}
