@@ -26,11 +26,14 @@ from autoshard.target.xla import (
     contraction,
     conv_result_transposed,
     copies_bitcast_loop_operands,
+    cpu_batch_groups_expanded,
+    cpu_dot_widened,
     cpu_top_k_scratch,
     expensive,
     fft_on_cpu,
     layout_copies_made_when_written,
     loop_scope,
+    read_order,
     spreads,
     transposed_operands,
     widening,
@@ -505,11 +508,21 @@ class Liveness:
     def wide(self, node, value_id: int) -> float:
         """How much wider than its dtype ``node`` reads or writes ``value_id`` in memory:
         the contraction width where the backend runs the node's primitive wider
-        (``Backend.widened_contractions``); 1 for every other node."""
+        (``Backend.widened_contractions``), or the dot itself (``xla.cpu_dot_widened``,
+        where XLA:CPU runs most dots narrow); 1 for every other node."""
         backend = self.space.backend
-        if node.primitive not in backend.widened_contractions:
+        widened = node.primitive in backend.widened_contractions or (
+            node.primitive == "dot_general" and backend.platform == "cpu"
+            and self.narrow_dot_widened(node))
+        if not widened:
             return 1.0
         return widening(self.graph.values[value_id].dtype, backend.contraction_itemsize)
+
+    def narrow_dot_widened(self, node) -> bool:
+        """Whether a dot of narrow floats is one XLA:CPU runs in f32 (``cpu_dot_widened``)."""
+        narrow = [widening(self.graph.values[v].dtype, 4) > 1 for v in node.operands
+                  if v is not None]
+        return any(narrow) and cpu_dot_widened(node)
 
     def written_wide(self, value) -> float:
         """How much wider than its dtype XLA writes a computed value: as wide as a
@@ -638,10 +651,12 @@ class Liveness:
 
     def layout_copy_kind(self, value_id: int, node_id: int, i: int) -> tuple:
         """What a layout copy of a value for operand ``i`` of a node is, as far as XLA
-        makes one copy for readers alike: the reader's primitive and operand, whether it
-        transposes the value, and how wide it reads it."""
+        makes one copy for readers alike: the reader's primitive and operand, the order
+        it reads the value's dims in (``xla.read_order``), and how wide it reads it. A
+        kernel gradient of a convolution reads its input in another order than the
+        convolution: XLA copies the input twice."""
         node = self.graph.nodes[node_id]
-        return (node.primitive, i, transposed_operands(node)[i], self.wide(node, value_id))
+        return (node.primitive, i, read_order(node, i), self.wide(node, value_id))
 
     def sorts_top_k(self, node) -> bool:
         """Whether XLA:CPU runs ``node``, a top_k, as a sort (``xla.cpu_top_k_scratch``)."""
@@ -661,9 +676,10 @@ class Liveness:
         """(term, node, node) of the buffers a node holds while it runs and no reader
         sees: those XLA:CPU sorts in for a top_k (``xla.cpu_top_k_scratch``), per element
         of its operand in the spec it reads; an FFT's own result before its copy out
-        (``xla.fft_on_cpu``), which elementwise readers make as they read it; and a
+        (``xla.fft_on_cpu``), which elementwise readers make as they read it; a
         convolution's result in its own layout before its copy into the program's output
-        (``copied_out``)."""
+        (``copied_out``); and the expanded result of a convolution with batch groups
+        (``xla.cpu_batch_groups_expanded``), as wide as the convolution runs."""
         platform = self.space.backend.platform
         for node in self.graph.nodes:
             if not self.runs(node):
@@ -682,6 +698,11 @@ class Liveness:
             elif (node.outputs and self.copied_out(node.outputs[0])
                   and node.outputs[0] in self.graph.outputs):
                 yield self.value_bytes(node.outputs[0]), node.id, node.id
+            if (expanded := cpu_batch_groups_expanded(node, platform)) > 1:
+                value = self.graph.values[node.outputs[0]]
+                term = self.value_bytes(value.id)
+                yield GroupTerm(g, term.num_bytes * expanded * self.wide(node, value.id)
+                                ), node.id, node.id
 
     def collective_buffers(self, last_read: Sequence[int]):
         """(term, first node, last node) of the buffers a split contraction's reduction

@@ -245,6 +245,39 @@ def cpu_top_k_scratch(dtype) -> float:
     return compiled.memory_analysis().temp_size_in_bytes / (64 * 128)
 
 
+def cpu_dot_widened(node) -> bool:
+    """Whether XLA:CPU runs a narrow-float dot_general in f32 where it runs most bf16 dots
+    at their own width (jax 0.12's, through YNNPACK; ``cpu_contraction_itemsize`` 0):
+    YNNPACK turns down small and matrix-vector dots, and XLA converts those to f32 in
+    memory. Which it turns down differs between XLA versions (on jax 0.12: a side of one
+    row, every side under 8, a contraction under 4), so this compiles a dot of the
+    node's sizes, each operand flattened to [batch, rows, contraction] (lhs) or [batch,
+    contraction, rows] (rhs), and reads it. An operand read in another order is copied
+    into that one first, at its own width (the weight gradient of x @ w contracts x's
+    leading dims: a bf16 copy, then a bf16 dot). A matrix-vector dot of bf16 [16] by
+    [16, 6] is run in f32, its operands copied."""
+    (lc, rc), (lb, rb) = node.params["dimension_numbers"]
+    sizes = []
+    for shape, contract, batch in zip(node.operand_shapes, (lc, rc), (lb, rb)):
+        free = [d for d in range(len(shape)) if d not in contract and d not in batch]
+        sizes.append(tuple(math.prod(shape[d] for d in dims) for dims in (batch, free, contract)))
+    return _cpu_dot_widened(*sizes)
+
+
+@functools.lru_cache(maxsize=256)
+def _cpu_dot_widened(lhs: tuple[int, int, int], rhs: tuple[int, int, int]) -> bool:
+    import jax
+    import jax.numpy as jnp
+
+    (batch, rows, contract), (_, cols, _) = lhs, rhs
+    operands = [jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+                for shape in ((batch, rows, contract), (batch, contract, cols))]
+    dot = jax.jit(lambda a, b: jax.lax.dot_general(a, b, (([2], [1]), ([0], [0]))),
+                  backend="cpu")
+    text = dot.lower(*operands).compile().as_text()
+    return "f32" in text[text.index("ENTRY"):]
+
+
 def cpu_widened_contractions() -> tuple[str, ...]:
     """The contractions XLA:CPU runs on narrow floats in f32, in memory as well: it
     converts each narrow operand in memory to an f32 copy (with its layout transpose,
@@ -404,8 +437,9 @@ def copies_bitcast_loop_operands() -> bool:
 
 # -- layouts: operands XLA copies into another layout before a dot or convolution ------
 
-def transposed_for_dot(node, i: int) -> bool:
-    """Whether XLA copies operand ``i`` of a dot_general into another layout first.
+def dot_read_order(node, i: int) -> tuple[int, ...]:
+    """The order in which XLA reads the dims (of more than one element) of operand ``i``
+    of a dot_general: sorted where it reads the operand in place.
 
     XLA rewrites a dot that is not a (batched) matrix product as one over operands
     transposed to [batch, free, contracting] (lhs) and [batch, contracting, free] (rhs);
@@ -422,7 +456,7 @@ def transposed_for_dot(node, i: int) -> bool:
     kept = [d for d in order if shape[d] != 1]
     nb = sum(shape[d] != 1 for d in batch)
     matrix_behind_batch = kept[:nb] == sorted(kept)[:nb] and len(kept) - nb <= 2
-    return kept != sorted(kept) and not matrix_behind_batch
+    return tuple(sorted(kept) if matrix_behind_batch else kept)
 
 
 def reshapes_dot_result(node) -> bool:
@@ -441,8 +475,9 @@ def reshapes_dot_result(node) -> bool:
     return False
 
 
-def transposed_for_conv(node, i: int) -> bool:
-    """Whether XLA copies operand ``i`` of a convolution into another layout first.
+def conv_read_order(node, i: int) -> tuple[int, ...]:
+    """The order in which XLA reads the dims (of more than one element) of operand ``i``
+    of a convolution.
 
     XLA:CPU convolves inputs laid out [batch, spatial..., feature] with kernels
     [spatial..., in, out]; an operand whose dims come in another order is copied: the
@@ -451,8 +486,7 @@ def transposed_for_conv(node, i: int) -> bool:
     dn = node.params["dimension_numbers"]
     spec, shape = (dn.lhs_spec, dn.rhs_spec)[i], node.operand_shapes[i]
     order = [spec[0], *spec[2:], spec[1]] if i == 0 else [*spec[2:], spec[1], spec[0]]
-    kept = [d for d in order if shape[d] != 1]
-    return kept != sorted(kept)
+    return tuple(d for d in order if shape[d] != 1)
 
 
 def conv_result_transposed(node, shape: Sequence[int], platform: str) -> bool:
@@ -469,6 +503,25 @@ def conv_result_transposed(node, shape: Sequence[int], platform: str) -> bool:
     return kept != sorted(kept)
 
 
+def cpu_batch_groups_expanded(node, platform: str) -> int:
+    """How many times its result's size XLA:CPU computes a convolution with batch groups
+    in before it keeps the result: the batch group count G where the input batch and the
+    kernel's output features are both G (a grouped convolution's kernel gradient over a
+    batch of G), else 1. XLA's convolution group converter then convolves every batch
+    element with every output feature (a result G times the size), masks the pairs of
+    other groups and sums over the batch (``HandleBatchGroupCount``); elsewhere it
+    reshapes the groups into a spatial dim, with no buffer of its own. A kernel
+    gradient of a 3-group convolution over a batch of 3, f32[1, 3, 5, 7] (420 B), is
+    written whole as f32[3, 5, 7, 3] (1,260 B) first. XLA:GPU gives it to cuDNN as it is."""
+    if node.primitive != "conv_general_dilated" or platform != "cpu":
+        return 1
+    groups = node.params["batch_group_count"]
+    dn = node.params["dimension_numbers"]
+    batch = node.operand_shapes[0][dn.lhs_spec[0]]
+    features = node.operand_shapes[1][dn.rhs_spec[0]]
+    return groups if groups > 1 and batch == groups == features else 1
+
+
 def layout_copies_made_when_written(platform: str) -> bool:
     """Whether XLA makes a computed value's layout copy (``transposed_operands``) as soon
     as the value is written, before the readers that read it as it is. XLA:CPU's schedule
@@ -482,15 +535,20 @@ def layout_copies_made_when_written(platform: str) -> bool:
     return platform == "cpu"
 
 
-TRANSPOSED_OPERANDS = {"dot_general": transposed_for_dot,
-                       "conv_general_dilated": transposed_for_conv}
+READ_ORDERS = {"dot_general": dot_read_order, "conv_general_dilated": conv_read_order}
+
+
+def read_order(node: Node, i: int) -> tuple[int, ...] | None:
+    """The order in which XLA reads the dims (of more than one element) of operand ``i``
+    of a node, where it reads them in an order of its own (``READ_ORDERS``); else None."""
+    order = READ_ORDERS.get(node.primitive)
+    return None if order is None or node.operands[i] is None else order(node, i)
 
 
 def transposed_operands(node: Node) -> tuple[bool, ...]:
     """Per operand of a node: whether XLA copies it into another layout before reading it."""
-    transposed = TRANSPOSED_OPERANDS.get(node.primitive)
-    return tuple(transposed is not None and v is not None and transposed(node, i)
-                 for i, v in enumerate(node.operands))
+    orders = [read_order(node, i) for i in range(len(node.operands))]
+    return tuple(order is not None and list(order) != sorted(order) for order in orders)
 
 
 def moves_no_data(node, in_specs, axis_sizes) -> bool:

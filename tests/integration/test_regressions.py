@@ -641,3 +641,57 @@ def test_a_whole_computed_conv_holds_its_operand_gathered(mesh_2d):
                           cache=False, progress=False)
     assert plan.memory_parts["temporaries"] >= gathered
     np.testing.assert_allclose(plan.jit()(*args), jax.jit(fn)(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_a_kernel_gradient_over_batch_groups_is_held_expanded_beside_both_input_copies():
+    """The kernel gradient of a bf16 convolution with 3 batch groups over a batch of 3.
+    XLA:CPU copies the input twice (NHWC-ordered for the convolution, another order for
+    the gradient's), both at the start; the model kept one copy of a kind for both. It
+    also computes the gradient's convolution 3 times its result's size before masking
+    and summing it (``xla.cpu_batch_groups_expanded``). 3,364 B predicted against 4,898 B
+    held together once compiled, over a budget of 4,722 B (the fuzzer's seed 7000801)."""
+    from autoshard.report.hlo_report import buffer_bytes
+    mesh = autoshard.make_mesh((2, 4), ("x", "y"))
+
+    def loss(x, kernel):
+        y = lax.conv_general_dilated(x, kernel, (3, 1), ((0, 2), (2, 1)), lhs_dilation=(2, 1),
+                                     rhs_dilation=(1, 2), batch_group_count=3,
+                                     dimension_numbers=("NCHW", "OIHW", "NCHW")) * 0.25
+        return jnp.sum(y.astype(jnp.float32) ** 2)
+
+    fn = jax.value_and_grad(loss, argnums=1)
+    rng = np.random.default_rng(0)
+    args = [jnp.asarray(rng.standard_normal((3, 2, 8, 8)), jnp.bfloat16),
+            jnp.asarray(rng.standard_normal((3, 2, 3, 3)), jnp.bfloat16)]
+    plan = autoshard.plan(fn, *args, mesh=mesh, hardware=autoshard.H100, cache=False,
+                          progress=False)
+    live, _ = buffer_bytes(plan.jit().lower(*args))
+    assert plan.cost.memory_bytes >= live
+    for g, e in zip(jax.tree.leaves(plan.jit()(*args)), jax.tree.leaves(jax.jit(fn)(*args))):
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(e, np.float32),
+                                   rtol=2e-2, atol=2e-2)
+
+
+def test_a_bf16_matrix_vector_dot_is_held_in_f32():
+    """A bf16 einsum whose result is a vector per row of the batch, and its gradient.
+    jax 0.12's XLA:CPU runs most bf16 dots at their own width, but not a matrix-vector
+    one: it copies both operands to f32 first (``xla.cpu_dot_widened``). Counted narrow,
+    4,114 B predicted against 4,682 B held together once compiled, over a budget of
+    4,577 B (the fuzzer's seed 7000304). On jax 0.10 every bf16 dot runs in f32."""
+    from autoshard.report.hlo_report import buffer_bytes
+    mesh = autoshard.make_mesh((4, 2), ("x", "y"))
+
+    def loss(w, x):
+        v = jnp.einsum("ijk,tij->kt", w, x) * 0.25
+        return jnp.sum(v.astype(jnp.float32) ** 2)
+
+    fn = jax.value_and_grad(loss, argnums=0)
+    rng = np.random.default_rng(0)
+    args = [jnp.asarray(rng.standard_normal(s), jnp.bfloat16) for s in [(8, 2, 1), (6, 8, 2)]]
+    plan = autoshard.plan(fn, *args, mesh=mesh, hardware=autoshard.H100, cache=False,
+                          progress=False)
+    live, _ = buffer_bytes(plan.jit().lower(*args))
+    assert plan.cost.memory_bytes >= live
+    for g, e in zip(jax.tree.leaves(plan.jit()(*args)), jax.tree.leaves(jax.jit(fn)(*args))):
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(e, np.float32),
+                                   rtol=2e-2, atol=2e-2)

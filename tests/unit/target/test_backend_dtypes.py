@@ -15,6 +15,7 @@ import autoshard
 from autoshard.cost.strategies import build_strategies
 from autoshard.frontend.trace import trace
 from autoshard.report.hlo_report import hlo_report
+from autoshard.target import xla
 from autoshard.target.hardware import Backend
 
 
@@ -178,3 +179,53 @@ def test_cpu_rounds_a_reshaped_bf16_dot_result_before_reducing_it(mesh_1d):
     predicted_2d, compiled_2d, rounding_2d = row_parallel_costs(mesh_1d, (2048, 1024))
     assert rounding_3d > 0 and rounding_2d == 0
     assert predicted_3d - predicted_2d == pytest.approx(compiled_3d - compiled_2d, rel=0.1)
+
+
+def _node(graph, primitive: str, index: int = 0):
+    return [n for n in graph.nodes if n.kind == "eqn" and n.primitive == primitive][index]
+
+
+def test_cpu_runs_a_bf16_matrix_vector_dot_in_f32_and_a_matrix_product_as_it_runs_dots():
+    """Read from compiled dots: a matrix-vector bf16 dot is run in f32 by either jax's
+    XLA:CPU; a 64 x 64 x 64 matrix product as that XLA runs bf16 dots (f32 on jax 0.10's,
+    bf16 on 0.12's)."""
+    bf16 = jnp.bfloat16
+    vector = trace(lambda w, x: x @ w, jax.ShapeDtypeStruct((16, 6), bf16),
+                   jax.ShapeDtypeStruct((16,), bf16))
+    square = trace(lambda w, x: x @ w, *[jax.ShapeDtypeStruct((64, 64), bf16)] * 2)
+    assert xla.cpu_dot_widened(_node(vector, "dot_general"))
+    assert xla.cpu_dot_widened(_node(square, "dot_general")) == bool(
+        xla.cpu_contraction_itemsize())
+
+
+def test_a_conv_and_its_kernel_gradient_read_the_input_in_two_orders():
+    """A grouped convolution's kernel gradient reads the input with batch and features
+    swapped, so XLA:CPU copies the input once per order; with 3 batch groups over a
+    batch of 3 and 3 output features, XLA:CPU computes it 3 times its size; XLA:GPU not."""
+    def loss(x, kernel):
+        return jnp.sum(jax.lax.conv_general_dilated(
+            x, kernel, (1, 1), "VALID", feature_group_count=3,
+            dimension_numbers=("NHWC", "HWIO", "NHWC")) ** 2)
+
+    graph = trace(jax.grad(loss, argnums=1), jax.ShapeDtypeStruct((6, 5, 3, 3), jnp.float32),
+                  jax.ShapeDtypeStruct((3, 2, 1, 12), jnp.float32))
+    forward, gradient = _node(graph, "conv_general_dilated", 0), _node(
+        graph, "conv_general_dilated", 1)
+    assert gradient.params["batch_group_count"] == 3
+    assert xla.read_order(forward, 0) != xla.read_order(gradient, 0)
+    assert xla.transposed_operands(forward) == (False, False)
+    assert xla.transposed_operands(gradient)[0]
+    assert xla.cpu_batch_groups_expanded(forward, "cpu") == 1
+    assert xla.cpu_batch_groups_expanded(gradient, "cpu") == 1   # 12 output features
+
+
+def test_batch_groups_as_many_as_the_batch_and_the_features_are_expanded_on_cpu():
+    def conv(x, kernel):
+        return jax.lax.conv_general_dilated(x, kernel, (1, 1), "VALID", batch_group_count=3,
+                                            dimension_numbers=("NCHW", "OIHW", "NCHW"))
+
+    graph = trace(conv, jax.ShapeDtypeStruct((3, 2, 8, 8), jnp.float32),
+                  jax.ShapeDtypeStruct((3, 2, 3, 3), jnp.float32))
+    node = _node(graph, "conv_general_dilated")
+    assert xla.cpu_batch_groups_expanded(node, "cpu") == 3
+    assert xla.cpu_batch_groups_expanded(node, "gpu") == 1
