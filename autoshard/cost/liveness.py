@@ -27,6 +27,7 @@ from autoshard.target.xla import (
     conv_result_transposed,
     copies_bitcast_loop_operands,
     cpu_batch_groups_expanded,
+    cpu_batched_scatter_indices,
     cpu_dot_widened,
     cpu_top_k_scratch,
     expensive,
@@ -336,13 +337,18 @@ class Liveness:
         return [direct[v.id] if materialized[v.id] and self.recomputable(graph.node_of(v.id))
                 else max(direct[v.id], fused[v.id]) for v in graph.values]
 
-    def overwritten(self, last_read: Sequence[int], not_temporary: set) -> set[int]:
-        """Temporaries an elementwise node overwrites with its result: XLA writes a fused
+    def overwritten(self, last_read: Sequence[int], not_temporary: set) -> dict[int, int]:
+        """Temporaries a node overwrites with its result: XLA writes a fused elementwise
         result of the same shape in place of an operand read for the last time there, if
         it stores both as wide (not a bf16 conv's f32 result that the fusion scales into
-        bf16)."""
-        graph, materialized, found = self.graph, self.space.materialized, set()
+        bf16); and a sort writes each result in place of its operand (``sorted_in_place``).
+        Each such operand maps to the result written over it."""
+        graph, materialized, found = self.graph, self.space.materialized, {}
         for node in graph.nodes:
+            if node.kind == "eqn" and node.primitive == "sort":
+                found.update((v, out) for v, out in zip(node.operands, node.outputs)
+                             if self.sorted_in_place(v, node.id, not_temporary))
+                continue
             einsum = self.space.einsums[node.id]
             if node.kind != "eqn" or einsum is None or not einsum.fusible or not node.outputs:
                 continue
@@ -355,9 +361,19 @@ class Liveness:
                         and last_read[v] == node.id and value.shape == out.shape
                         and value.dtype == out.dtype
                         and self.written_wide(value) == self.written_wide(out)):
-                    found.add(v)
+                    found[v] = out.id
                     break
         return found
+
+    def sorted_in_place(self, value_id: int | None, node_id: int, not_temporary: set
+                        ) -> bool:
+        """Whether a sort writes its result in place of operand ``value_id``: a temporary
+        in memory that the sort alone reads, once (XLA's dataflow lets a sort share that
+        operand's buffer: the iota whose permutation ``argsort`` returns is sorted where
+        it lies)."""
+        return (value_id is not None and value_id not in not_temporary
+                and self.space.materialized[value_id]
+                and [u for u, _ in self.graph.users[value_id]] == [node_id])
 
     def written_into_outputs(self, last_read: Sequence[int], resident: set
                              ) -> dict[int, tuple[int, int]]:
@@ -678,8 +694,10 @@ class Liveness:
         of its operand in the spec it reads; an FFT's own result before its copy out
         (``xla.fft_on_cpu``), which elementwise readers make as they read it; a
         convolution's result in its own layout before its copy into the program's output
-        (``copied_out``); and the expanded result of a convolution with batch groups
-        (``xla.cpu_batch_groups_expanded``), as wide as the convolution runs."""
+        (``copied_out``); the expanded result of a convolution with batch groups
+        (``xla.cpu_batch_groups_expanded``), as wide as the convolution runs; and the
+        indices of a batched scatter made explicit (``xla.cpu_batched_scatter_indices``),
+        from the indices in the spec it reads them in."""
         platform = self.space.backend.platform
         for node in self.graph.nodes:
             if not self.runs(node):
@@ -698,6 +716,11 @@ class Liveness:
             elif (node.outputs and self.copied_out(node.outputs[0])
                   and node.outputs[0] in self.graph.outputs):
                 yield self.value_bytes(node.outputs[0]), node.id, node.id
+            if indices := cpu_batched_scatter_indices(node, platform):
+                value = self.graph.values[node.operands[1]]
+                num_bytes = self.prices.per_device_bytes(
+                    self.prices.value_array[value.id], self.groups.menus[node.id].in_lists[1])
+                yield GroupTerm(g, num_bytes * indices), node.id, node.id
             if (expanded := cpu_batch_groups_expanded(node, platform)) > 1:
                 value = self.graph.values[node.outputs[0]]
                 term = self.value_bytes(value.id)
@@ -857,7 +880,12 @@ class Liveness:
             if self.packed_by_sort(value):
                 continue  # computed in the fusion that packs a top_k's keys
             first = self.first_written(value, from_args)
-            last = held.get(value.id, last_read[value.id]) - (value.id in in_place)
+            last = held.get(value.id, last_read[value.id])
+            if value.id in in_place:   # its buffer is its overwriter's from there on
+                over = graph.values[in_place[value.id]]
+                last = min(last, self.first_written(over, from_args)) - 1
+                if last < first:
+                    continue
             if value.id in hoisted:   # made before its loop, read by every iteration
                 first, last = hoisted[value.id][0], max(last, hoisted[value.id][1])
             if from_args[value.id] and last == value.producer:

@@ -245,6 +245,24 @@ def cpu_top_k_scratch(dtype) -> float:
     return compiled.memory_analysis().temp_size_in_bytes / (64 * 128)
 
 
+def cpu_batched_scatter_indices(node, platform: str) -> float:
+    """How many times the bytes of its indices XLA:CPU writes anew for a scatter with
+    batching dims (JAX's transpose of a sort or of ``take_along_axis``): XLA makes the
+    batching dims explicit (its batched gather/scatter normalizer), each index vector of
+    k components concatenated with one iota per batching dim, and XLA:CPU writes those
+    indices before the scatter reads them: (k + batching dims) / k. 0 for other nodes,
+    and on XLA:GPU, which computes them inside its scatter fusion. The gradient of a
+    sort along dim 1 of f32[64, 256, 32] writes u32[524288, 3] (6 MiB)."""
+    if platform != "cpu" or not node.primitive.startswith("scatter"):
+        return 0.0
+    dn = node.params["dimension_numbers"]
+    batching = len(getattr(dn, "operand_batching_dims", ()))
+    if not batching:
+        return 0.0
+    index_vector = len(dn.scatter_dims_to_operand_dims)
+    return (index_vector + batching) / max(index_vector, 1)
+
+
 def cpu_dot_widened(node) -> bool:
     """Whether XLA:CPU runs a narrow-float dot_general in f32 where it runs most bf16 dots
     at their own width (jax 0.12's, through YNNPACK; ``cpu_contraction_itemsize`` 0):

@@ -229,3 +229,14 @@ def test_batch_groups_as_many_as_the_batch_and_the_features_are_expanded_on_cpu(
     node = _node(graph, "conv_general_dilated")
     assert xla.cpu_batch_groups_expanded(node, "cpu") == 3
     assert xla.cpu_batch_groups_expanded(node, "gpu") == 1
+
+
+def test_cpu_writes_a_batched_scatters_indices_with_an_iota_per_batching_dim():
+    """The sort gradient's scatter-add into [b, n, d] along n has batching dims b and d:
+    XLA:CPU writes each index with two iotas beside it (3 times the index bytes);
+    XLA:GPU computes them in its scatter fusion."""
+    graph = trace(jax.grad(lambda x: jnp.sum(jnp.sort(x, axis=1) ** 2)),
+                  jax.ShapeDtypeStruct((4, 16, 8), jnp.float32))
+    node = _node(graph, "scatter-add")
+    assert xla.cpu_batched_scatter_indices(node, "cpu") == 3
+    assert xla.cpu_batched_scatter_indices(node, "gpu") == 0
