@@ -500,11 +500,35 @@ def conv_read_order(node, i: int) -> tuple[int, ...]:
     XLA:CPU convolves inputs laid out [batch, spatial..., feature] with kernels
     [spatial..., in, out]; an operand whose dims come in another order is copied: the
     kernel of a backward-data convolution, the activations of a weight-gradient one.
+    Batch groups XLA turns into a spatial dim (``batch_groups_as_spatial``) are read
+    after the other spatial dims: the input's batch and the kernel's output features.
     """
     dn = node.params["dimension_numbers"]
     spec, shape = (dn.lhs_spec, dn.rhs_spec)[i], node.operand_shapes[i]
-    order = [spec[0], *spec[2:], spec[1]] if i == 0 else [*spec[2:], spec[1], spec[0]]
+    if batch_groups_as_spatial(node):
+        order = [*spec[2:], spec[0], spec[1]]
+    else:
+        order = [spec[0], *spec[2:], spec[1]] if i == 0 else [*spec[2:], spec[1], spec[0]]
     return tuple(d for d in order if shape[d] != 1)
+
+
+def batch_groups(node) -> tuple[int, int, int]:
+    """(batch group count, input batch, kernel output features) of a convolution."""
+    dn = node.params["dimension_numbers"]
+    return (node.params.get("batch_group_count", 1), node.operand_shapes[0][dn.lhs_spec[0]],
+            node.operand_shapes[1][dn.rhs_spec[0]])
+
+
+def batch_groups_as_spatial(node) -> bool:
+    """Whether XLA's convolution group converter makes a convolution's G batch groups a
+    spatial dim: the input's batch split [G, batch / G] and the kernel's output features
+    [G, features / G], each G a window over the new dim (``HandleBatchGroupCount``).
+    It does so for every G > 1 but where the batch and the features are both G
+    (``cpu_batch_groups_expanded``). The input and kernel are then copied with G among
+    the spatial dims: f32[6, 9, 6, 4] (NHWC) over 2 batch groups is copied whole to
+    [3, 9, 6, 2, 4]."""
+    groups, batch, features = batch_groups(node)
+    return groups > 1 and not batch == groups == features
 
 
 def conv_result_transposed(node, shape: Sequence[int], platform: str) -> bool:
@@ -533,10 +557,7 @@ def cpu_batch_groups_expanded(node, platform: str) -> int:
     written whole as f32[3, 5, 7, 3] (1,260 B) first. XLA:GPU gives it to cuDNN as it is."""
     if node.primitive != "conv_general_dilated" or platform != "cpu":
         return 1
-    groups = node.params["batch_group_count"]
-    dn = node.params["dimension_numbers"]
-    batch = node.operand_shapes[0][dn.lhs_spec[0]]
-    features = node.operand_shapes[1][dn.rhs_spec[0]]
+    groups, batch, features = batch_groups(node)
     return groups if groups > 1 and batch == groups == features else 1
 
 
