@@ -738,7 +738,11 @@ class Liveness:
         the node's last reader, and when that all-reduce joins the combined one, the full
         partial result is held until then too. On its own, the full result is held to the
         last reader too where every reader fuses the slice (``slices_fused``); else the
-        slice is written out at the node and the full result dies there."""
+        slice is written out at the node and the full result dies there. A partial
+        result written narrower than the backend's collectives move it (a bf16 dot jax
+        0.12's XLA:CPU runs at bf16, reduced in f32) is converted to the wire's width
+        at the node, and that copy is held until the combined collective reads it: the
+        difference in width is held beside the result from the node to there."""
         points = self.combined.points
         for node in self.graph.nodes:
             buffers = self.reduction_buffers(node) if self.runs(node) else None
@@ -747,8 +751,9 @@ class Liveness:
             g = self.groups.group_of_node[node.id]
             value_id = node.outputs[0]
             combine_at = points.get(loop_scope(node), node.id)
-            for num_bytes, first, last in zip(buffers, (node.id, node.id, combine_at),
-                                              (node.id, last_read[value_id], combine_at)):
+            for num_bytes, first, last in zip(
+                    buffers, (node.id, node.id, combine_at, node.id),
+                    (node.id, last_read[value_id], combine_at, combine_at)):
                 if num_bytes is not None:
                     yield GroupTerm(g, num_bytes), first, last
 
@@ -766,10 +771,13 @@ class Liveness:
     def reduction_buffers(self, node) -> tuple[np.ndarray | None, ...] | None:
         """Per group strategy, the bytes of a node's reduction buffers (see
         ``collective_buffers``): at the node, held to its last reader, and where the
-        combined collective runs, each None where it is nothing; None for a node that
-        never reduces. Nodes sharing a menu share them."""
+        combined collective runs, and what a partial result's wider copy adds to it,
+        held until then,
+        each None where it is nothing; None for a node that never reduces. Nodes sharing
+        a menu share them."""
         strategies, picks = self.space.strategies[node.id], self.groups.picks[node.id]
-        key = (self.groups.menus[node.id], self.slices_fused(node.outputs[0]))
+        key = (self.groups.menus[node.id], self.slices_fused(node.outputs[0]),
+               self.reduced_wider(self.graph.values[node.outputs[0]]))
         if key not in self._reductions:
             self._reductions[key] = self._reduction_buffers(node, strategies, picks)
         return self._reductions[key]
@@ -777,9 +785,10 @@ class Liveness:
     def _reduction_buffers(self, node, strategies, picks):
         if not any(c.kind in REDUCTIONS for s in strategies for c in s.collectives):
             return None
-        at_node, held, at_combine = (np.zeros(len(picks)) for _ in range(3))
+        at_node, held, at_combine, converted = (np.zeros(len(picks)) for _ in range(4))
         joins = self.combined.joins[node.id]
         value = self.graph.values[node.outputs[0]]
+        wider = self.reduced_wider(value)
         for s, k in enumerate(picks):
             strategy = strategies[k]
             # reductions one after another over different axes reduce one buffer in place
@@ -796,9 +805,18 @@ class Liveness:
                         at_node[s] += c.num_bytes
                 elif strategy.combined and joins:
                     at_combine[s] += c.num_bytes
+                    converted[s] += c.num_bytes * (1.0 - 1.0 / wider) if wider else 0.0
                 else:   # the partial result, and an emulated reduce-scatter's full one
                     at_node[s] += c.num_bytes * (2 if emulated else 1)
-        return tuple(b if b.any() else None for b in (at_node, held, at_combine))
+        return tuple(b if b.any() else None for b in (at_node, held, at_combine, converted))
+
+    def reduced_wider(self, value) -> float:
+        """How much wider the backend's collectives move a value than XLA writes it, where
+        they move it wider (0 elsewhere): its partial result is then converted to the
+        wire's width before it is reduced."""
+        itemsize = self.space.backend.collective_itemsize
+        wider = collective_widening(value.dtype, itemsize) / self.written_wide(value)
+        return wider if wider > 1.0 else 0.0
 
     def memory(self, shared: SharedCopies) -> Memory:
         """Memory terms (arguments and outputs fixed; temporaries, resharded copies and
