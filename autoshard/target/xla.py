@@ -263,6 +263,9 @@ def cpu_batched_scatter_indices(node, platform: str) -> float:
     return (index_vector + batching) / max(index_vector, 1)
 
 
+DOT_PROBE_SIZE = 256   # sizes above it are probed at it (``cpu_dot_widened``)
+
+
 def cpu_dot_widened(node) -> bool:
     """Whether XLA:CPU runs a narrow-float dot_general in f32 where it runs most bf16 dots
     at their own width (jax 0.12's, through YNNPACK; ``cpu_contraction_itemsize`` 0):
@@ -278,8 +281,12 @@ def cpu_dot_widened(node) -> bool:
     sizes = []
     for shape, contract, batch in zip(node.operand_shapes, (lc, rc), (lb, rb)):
         free = [d for d in range(len(shape)) if d not in contract and d not in batch]
-        sizes.append(tuple(math.prod(shape[d] for d in dims) for dims in (batch, free, contract)))
+        batch_size, rows, depth = (math.prod(shape[d] for d in dims)
+                                   for dims in (batch, free, contract))
+        # the thresholds are small: one compile answers every large dot
+        sizes.append((min(batch_size, 2), min(rows, DOT_PROBE_SIZE), min(depth, DOT_PROBE_SIZE)))
     return _cpu_dot_widened(*sizes)
+
 
 
 @functools.lru_cache(maxsize=256)
