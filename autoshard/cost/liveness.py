@@ -158,9 +158,17 @@ class Liveness:
         self._reductions: dict = {}
         self._last_reads: dict = {}
         self._bitcasts: dict = {}
+        self._dots_widened: dict[int, bool] = {}
         self._uncopied = None
         self._loops = None
         self._live = self.graph.live_values()   # what jax.jit keeps of the program
+
+    def read_bytes(self, node_id: int, i: int) -> np.ndarray:
+        """Per strategy of its group, the bytes per device of operand ``i`` of a node in
+        the spec the node reads it in."""
+        value_id = self.graph.nodes[node_id].operands[i]
+        return self.prices.per_device_bytes(self.prices.value_array[value_id],
+                                            self.groups.menus[node_id].in_lists[i])
 
     def value_bytes(self, value_id: int) -> GroupTerm:
         value = self.graph.values[value_id]
@@ -536,9 +544,11 @@ class Liveness:
 
     def narrow_dot_widened(self, node) -> bool:
         """Whether a dot of narrow floats is one XLA:CPU runs in f32 (``cpu_dot_widened``)."""
-        narrow = [widening(self.graph.values[v].dtype, 4) > 1 for v in node.operands
-                  if v is not None]
-        return any(narrow) and cpu_dot_widened(node)
+        if node.id not in self._dots_widened:
+            narrow = [widening(self.graph.values[v].dtype, 4) > 1 for v in node.operands
+                      if v is not None]
+            self._dots_widened[node.id] = any(narrow) and cpu_dot_widened(node)
+        return self._dots_widened[node.id]
 
     def written_wide(self, value) -> float:
         """How much wider than its dtype XLA writes a computed value: as wide as a
@@ -643,8 +653,7 @@ class Liveness:
         activation a weight-gradient convolution reads transposed."""
         kinds: dict[int, set] = {}
         for value_id, node_id, i in sorted(transposed, key=lambda read: read[1]):
-            dsts = self.groups.menus[node_id].in_lists[i]
-            num_bytes = (self.prices.per_device_bytes(self.prices.value_array[value_id], dsts)
+            num_bytes = (self.read_bytes(node_id, i)
                          * self.wide(self.graph.nodes[node_id], value_id))
             kind = self.layout_copy_kind(value_id, node_id, i)
             made = kinds.setdefault(value_id, set())
@@ -706,10 +715,8 @@ class Liveness:
             if self.sorts_top_k(node):
                 value = self.graph.values[node.operands[0]]
                 itemsize = np.dtype(value.dtype).itemsize
-                num_bytes = self.prices.per_device_bytes(
-                    self.prices.value_array[value.id], self.groups.menus[node.id].in_lists[0])
-                yield GroupTerm(g, num_bytes * cpu_top_k_scratch(np.dtype(value.dtype))
-                                / itemsize), node.id, node.id
+                yield GroupTerm(g, self.read_bytes(node.id, 0) * cpu_top_k_scratch(
+                    np.dtype(value.dtype)) / itemsize), node.id, node.id
             elif (fft_on_cpu(node.primitive, node.params, platform) == "copied"
                   and not self.slices_fused(node.outputs[0])):
                 yield self.value_bytes(node.outputs[0]), node.id, node.id
@@ -717,10 +724,7 @@ class Liveness:
                   and node.outputs[0] in self.graph.outputs):
                 yield self.value_bytes(node.outputs[0]), node.id, node.id
             if indices := cpu_batched_scatter_indices(node, platform):
-                value = self.graph.values[node.operands[1]]
-                num_bytes = self.prices.per_device_bytes(
-                    self.prices.value_array[value.id], self.groups.menus[node.id].in_lists[1])
-                yield GroupTerm(g, num_bytes * indices), node.id, node.id
+                yield GroupTerm(g, self.read_bytes(node.id, 1) * indices), node.id, node.id
             if (expanded := cpu_batch_groups_expanded(node, platform)) > 1:
                 value = self.graph.values[node.outputs[0]]
                 term = self.value_bytes(value.id)
@@ -776,19 +780,18 @@ class Liveness:
         each None where it is nothing; None for a node that never reduces. Nodes sharing
         a menu share them."""
         strategies, picks = self.space.strategies[node.id], self.groups.picks[node.id]
-        key = (self.groups.menus[node.id], self.slices_fused(node.outputs[0]),
-               self.reduced_wider(self.graph.values[node.outputs[0]]))
+        wider = self.reduced_wider(self.graph.values[node.outputs[0]])
+        key = (self.groups.menus[node.id], self.slices_fused(node.outputs[0]), wider)
         if key not in self._reductions:
-            self._reductions[key] = self._reduction_buffers(node, strategies, picks)
+            self._reductions[key] = self._reduction_buffers(node, strategies, picks, wider)
         return self._reductions[key]
 
-    def _reduction_buffers(self, node, strategies, picks):
+    def _reduction_buffers(self, node, strategies, picks, wider: float):
         if not any(c.kind in REDUCTIONS for s in strategies for c in s.collectives):
             return None
         at_node, held, at_combine, converted = (np.zeros(len(picks)) for _ in range(4))
         joins = self.combined.joins[node.id]
         value = self.graph.values[node.outputs[0]]
-        wider = self.reduced_wider(value)
         for s, k in enumerate(picks):
             strategy = strategies[k]
             # reductions one after another over different axes reduce one buffer in place

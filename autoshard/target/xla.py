@@ -263,6 +263,14 @@ def cpu_batched_scatter_indices(node, platform: str) -> float:
     return (index_vector + batching) / max(index_vector, 1)
 
 
+def dot_operand_dims(node, i: int) -> tuple[list[int], list[int], list[int]]:
+    """The batch, free and contracting dims of operand ``i`` of a dot_general."""
+    (lc, rc), (lb, rb) = node.params["dimension_numbers"]
+    contract, batch = list((lc, rc)[i]), list((lb, rb)[i])
+    free = [d for d in range(len(node.operand_shapes[i])) if d not in contract + batch]
+    return batch, free, contract
+
+
 DOT_PROBE_SIZE = 256   # sizes above it are probed at it (``cpu_dot_widened``)
 
 
@@ -277,16 +285,13 @@ def cpu_dot_widened(node) -> bool:
     into that one first, at its own width (the weight gradient of x @ w contracts x's
     leading dims: a bf16 copy, then a bf16 dot). A matrix-vector dot of bf16 [16] by
     [16, 6] is run in f32, its operands copied."""
-    (lc, rc), (lb, rb) = node.params["dimension_numbers"]
     sizes = []
-    for shape, contract, batch in zip(node.operand_shapes, (lc, rc), (lb, rb)):
-        free = [d for d in range(len(shape)) if d not in contract and d not in batch]
+    for i, shape in enumerate(node.operand_shapes):
         batch_size, rows, depth = (math.prod(shape[d] for d in dims)
-                                   for dims in (batch, free, contract))
+                                   for dims in dot_operand_dims(node, i))
         # the thresholds are small: one compile answers every large dot
         sizes.append((min(batch_size, 2), min(rows, DOT_PROBE_SIZE), min(depth, DOT_PROBE_SIZE)))
     return _cpu_dot_widened(*sizes)
-
 
 
 @functools.lru_cache(maxsize=256)
@@ -474,9 +479,8 @@ def dot_read_order(node, i: int) -> tuple[int, ...]:
     q [b, t, heads, k] read by the scores' dot (batch b, heads); [d, f] or
     [experts, d, f] is not.
     """
-    (lc, rc), (lb, rb) = node.params["dimension_numbers"]
-    shape, contract, batch = node.operand_shapes[i], (lc, rc)[i], (lb, rb)[i]
-    free = [d for d in range(len(shape)) if d not in contract and d not in batch]
+    shape = node.operand_shapes[i]
+    batch, free, contract = dot_operand_dims(node, i)
     order = [*batch, *free, *contract] if i == 0 else [*batch, *contract, *free]
     kept = [d for d in order if shape[d] != 1]
     nb = sum(shape[d] != 1 for d in batch)
@@ -492,12 +496,8 @@ def reshapes_dot_result(node) -> bool:
     adjacent, and XLA's simplifier does not drop it."""
     if node.primitive != "dot_general":
         return False
-    (lc, rc), (lb, rb) = node.params["dimension_numbers"]
-    for shape, contract, batch in zip(node.operand_shapes, (lc, rc), (lb, rb)):
-        free = [n for d, n in enumerate(shape) if d not in contract and d not in batch]
-        if sum(n > 1 for n in free) > 1:
-            return True
-    return False
+    return any(sum(shape[d] > 1 for d in dot_operand_dims(node, i)[1]) > 1
+               for i, shape in enumerate(node.operand_shapes))
 
 
 def conv_read_order(node, i: int) -> tuple[int, ...]:
@@ -559,13 +559,13 @@ def cpu_batch_groups_expanded(node, platform: str) -> int:
     batch of G), else 1. XLA's convolution group converter then convolves every batch
     element with every output feature (a result G times the size), masks the pairs of
     other groups and sums over the batch (``HandleBatchGroupCount``); elsewhere it
-    reshapes the groups into a spatial dim, with no buffer of its own. A kernel
+    makes the groups a spatial dim (``batch_groups_as_spatial``). A kernel
     gradient of a 3-group convolution over a batch of 3, f32[1, 3, 5, 7] (420 B), is
     written whole as f32[3, 5, 7, 3] (1,260 B) first. XLA:GPU gives it to cuDNN as it is."""
     if node.primitive != "conv_general_dilated" or platform != "cpu":
         return 1
-    groups, batch, features = batch_groups(node)
-    return groups if groups > 1 and batch == groups == features else 1
+    groups = batch_groups(node)[0]
+    return groups if groups > 1 and not batch_groups_as_spatial(node) else 1
 
 
 def layout_copies_made_when_written(platform: str) -> bool:
