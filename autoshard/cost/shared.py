@@ -15,7 +15,8 @@ import numpy as np
 
 from autoshard.frontend import specs
 from autoshard.solver.request import SharedCost, SharedEdgeCost
-from autoshard.target.xla import loop_scope, reduction_waves, trailing_ancestors
+from autoshard.target.xla import (collective_widening, loop_scope, reduction_waves,
+                                  trailing_ancestors)
 
 if TYPE_CHECKING:
     from autoshard.cost.grouping import Groups
@@ -131,7 +132,8 @@ class _Sharer:
         copies (sources with distinct prices times wanted specs); past it, each read of a
         spec pays its own seconds, and its copies price bytes alone, one per wanted spec;
         or, without ``share_held_copies``, each such read holds its own copy too (fewer
-        copies to solve for). Cached: layers repeat them."""
+        copies to solve for). A copy is held as wide as the collectives write it
+        (``collective_widening``), as a reader's own copy is. Cached: layers repeat them."""
         key = (array, srcs, dsts, weight, combined)
         if key in self._shared_copies:
             return self._shared_copies[key]
@@ -158,7 +160,8 @@ class _Sharer:
                 continue   # each read pays its seconds and holds its copy
             by_seconds = prices[dst]
             to_dst = {r: np.array([spec == dst for spec in wanted[r]]) for r in readers}
-            held = specs.per_device_bytes(shape, dtype, dst, self.prices.axis_sizes)
+            held = (specs.per_device_bytes(shape, dtype, dst, self.prices.axis_sizes)
+                    * collective_widening(dtype, self.space.backend.collective_itemsize))
             if dst in paid_specs:
                 copies += [(seconds, tuple((r, from_src[:, None] & to_dst[r][None, :])
                                            for r in readers), held)

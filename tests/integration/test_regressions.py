@@ -761,3 +761,30 @@ def test_batch_groups_made_a_spatial_dim_copy_the_input_and_kernel():
             rng.standard_normal((1, 1, 4, 4)).astype(np.float32)]
     plan = autoshard.plan(fn, *args, mesh=mesh, hardware=CHEAP_LINKS, cache=False, progress=False)
     holds_what_xla_holds_and_matches(plan, fn, args, 1e-5)
+
+
+def test_a_bf16_copy_its_readers_share_is_held_as_wide_as_gathered():
+    """A bf16 sort's result gathered whole for a top_k, with a second reader (dead, a min)
+    sharing that copy. XLA:CPU gathers it in f32 and the top_k reads the f32 copy
+    straight (converting as it packs its keys). The shared copy was counted at bf16:
+    3,488 B predicted against 4,256 B held together once compiled, over a budget of
+    4,378 B (the fuzzer's seed 1000534, on jax 0.12). It is refused, or fits."""
+    mesh = autoshard.make_mesh((2, 4), ("x", "y"))
+
+    def fn(x, kernel):
+        y = lax.conv_general_dilated(x, kernel, (1,), ((0, 2),), lhs_dilation=(2,),
+                                     dimension_numbers=("NCW", "OIW", "NCW"),
+                                     feature_group_count=4) * 0.707107
+        y = jnp.sort(y, axis=2)
+        jnp.min(y, axis=0)   # read by nothing
+        return lax.top_k(y, 2)[0]
+
+    rng = np.random.default_rng(0)
+    args = [jnp.asarray(rng.standard_normal(s), jnp.bfloat16) for s in [(4, 4, 8), (8, 1, 2)]]
+    try:
+        plan = autoshard.plan(fn, *args, mesh=mesh, hardware=CHEAP_LINKS, cache=False,
+                              progress=False, memory_budget=4378,
+                              pins={"x": jax.sharding.PartitionSpec(None, "x")})
+    except autoshard.AutoshardError:
+        return
+    holds_what_xla_holds_and_matches(plan, fn, args, 2e-2)
