@@ -15,8 +15,12 @@ import numpy as np
 
 from autoshard.frontend import specs
 from autoshard.solver.request import SharedCost, SharedEdgeCost
-from autoshard.target.xla import (collective_widening, loop_scope, reduction_waves,
-                                  trailing_ancestors)
+from autoshard.target.xla import (
+    collective_widening,
+    loop_scope,
+    reduction_waves,
+    trailing_ancestors,
+)
 
 if TYPE_CHECKING:
     from autoshard.cost.grouping import Groups
