@@ -182,10 +182,13 @@ class Backend:
     into one buffer, and back out by slices: ``xla.combined_all_reduce_copies``).
     ``duplicated``: the expensive elementwise primitives XLA computes again in each
     fusion reading them instead of holding their result (GPU: tanh, exp, ...:
-    ``xla.duplicated_elementwise``). ``widened_contractions``: the primitives XLA runs
-    on narrow floats at ``contraction_itemsize`` in memory too: each narrow operand held
-    in memory is read through a wide copy, each result written wide (CPU:
-    ``xla.cpu_widened_contractions``).
+    ``xla.duplicated_elementwise``). ``broadcast_ops_written``: whether XLA writes
+    an elementwise op that reads a broadcast (a layer norm's x - mean, its rsqrt(var)
+    times its scale) to memory for the fusions reading it (CPU), or computes it again
+    in each (GPU: ``xla.broadcast_ops_written``). ``widened_contractions``: the
+    primitives XLA runs on narrow floats at ``contraction_itemsize`` in memory too: each
+    narrow operand held in memory is read through a wide copy, each result written wide
+    (CPU: ``xla.cpu_widened_contractions``).
     ``whole_primitives``: the primitives XLA's partitioner computes whole whatever their
     specs, gathering their operands (CPU: top_k, ``xla.cpu_partitions_top_k``)."""
 
@@ -196,6 +199,7 @@ class Backend:
     contraction_itemsize: int = 0
     all_reduce_copies: int = 0
     duplicated: frozenset[str] = frozenset()
+    broadcast_ops_written: bool = True
     widened_contractions: tuple[str, ...] = ()
     whole_primitives: tuple[str, ...] = ()
 
@@ -226,6 +230,7 @@ class Backend:
         platform = mesh.devices.flat[0].platform
         family = "gpu" if platform in ("cuda", "rocm") else platform
         from autoshard.target.xla import (
+            broadcast_ops_written,
             combined_all_reduce_copies,
             cpu_partitions_top_k,
             cpu_widened_contractions,
@@ -242,6 +247,7 @@ class Backend:
                    # division too, which the CPU memory tables have not been checked on
                    duplicated=duplicated_elementwise(mesh.devices.flat)
                    if family == "gpu" else frozenset(),
+                   broadcast_ops_written=broadcast_ops_written(mesh.devices.flat),
                    widened_contractions=cpu_widened_contractions() if cpu else (),
                    whole_primitives=("top_k",) if cpu and not cpu_partitions_top_k() else ())
 

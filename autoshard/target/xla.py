@@ -230,6 +230,55 @@ def _duplicated_elementwise(devices: tuple) -> frozenset[str]:
                      if sum(f" {opcode}(" in c for c in computations) > 1)
 
 
+def broadcast_ops_written(devices) -> bool:
+    """Whether XLA on ``devices`` writes the result of an elementwise op that reads a
+    broadcast (an operand smaller than its result: a layer norm's x - mean, and its
+    rsqrt(var) times its scale) to a buffer of its own, which the fusions reading it
+    read from memory (XLA:CPU), or computes it again in each of them, never holding it
+    (XLA:GPU). Read from a layer norm compiled for one of the devices, whose centred
+    input and scale are read by its reductions, by a dot's fusion and by reductions
+    after two dots; True (as XLA:CPU) where it compiles nothing (devices that only
+    describe a kind)."""
+    devices = tuple(devices)
+    try:
+        return _broadcast_ops_written(devices[:1]) if devices else True
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        return True
+
+
+@functools.cache
+def _broadcast_ops_written(devices: tuple) -> bool:
+    import re
+
+    import jax
+    from jax import numpy as jnp
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    n = 128
+
+    def readers(x, g, w):
+        centred = x - jnp.mean(x, axis=1, keepdims=True)
+        scale = jax.lax.rsqrt(jnp.mean(centred * centred, axis=1, keepdims=True)) * g
+        y = jnp.tanh((centred * scale) @ w) @ w
+        return jnp.sum(y * scale, axis=1), jnp.sum(y * centred, axis=0)
+    replicated = NamedSharding(Mesh(np.array(devices), ("d",)), PartitionSpec())
+    shapes = [(n, n), (n,), (n, n)]
+    text = jax.jit(readers, in_shardings=replicated, out_shardings=replicated).lower(
+        *[jax.ShapeDtypeStruct(s, np.float32) for s in shapes]).compile().as_text()
+    full = f"f32[{n},{n}]"
+    for computation in re.split(r"\n(?=\S)", text):
+        header = computation.split("\n", 1)[0]
+        root = re.search(r"ROOT %\S+ = (\S+?)\{[^}]*\} (\w+)\(", computation)
+        if "ENTRY" in header or root is None or root.group(1) != full:
+            continue
+        params = header.partition(") -> ")[0]
+        sizes = [math.prod(int(d) for d in dims.split(",") if d)
+                 for dims in re.findall(r"f32\[([\d,]*)\]", params)]
+        if root.group(2) == "subtract" or sizes and max(sizes) < n * n:
+            return True   # the centred input, or the scale alone, is written
+    return False
+
+
 # -- the width a backend moves and stores narrow floats at -----------------------------
 
 @functools.cache
