@@ -280,8 +280,9 @@ class Liveness:
         one that also reads a broadcast statistic (x - mean): reductions read that one. An
         expensive one only where the backend duplicates it (``Backend.duplicated``).
         Where the backend computes an op reading a broadcast in each reader
-        (``Backend.broadcast_ops_written``), one of at most one operand as big as its
-        result and broadcasts (x - mean, rsqrt(var) times a scale)."""
+        (``Backend.broadcast_ops_written``), a cheap one of at most one operand as big as
+        its result and broadcasts (x - mean, rsqrt(var) times a scale; not a softmax's
+        division by its sum, which XLA:GPU writes and holds)."""
         einsum = self.space.einsums[node.id]
         if (node.kind != "eqn" or einsum is None or not einsum.fusible
                 or expensive(einsum, node, self.space.backend.duplicated)):
@@ -290,7 +291,7 @@ class Liveness:
         if sum(n > 1 for n in sizes) <= 1:
             return True
         out = math.prod(self.graph.values[node.outputs[0]].shape)
-        return (not self.space.backend.broadcast_ops_written
+        return (not self.space.backend.broadcast_ops_written and not einsum.expensive
                 and sum(n == out for n in sizes) <= 1)
 
     def loops(self) -> Loops:
