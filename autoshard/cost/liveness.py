@@ -739,7 +739,7 @@ class Liveness:
                 yield GroupTerm(g, term.num_bytes * expanded * self.wide(node, value.id)
                                 ), node.id, node.id
 
-    def collective_buffers(self, last_read: Sequence[int], in_outputs: Set = frozenset()):
+    def collective_buffers(self, last_read: Sequence[int]):
         """(term, first node, last node) of the buffers a split contraction's reduction
         adds to its result's.
 
@@ -754,16 +754,10 @@ class Liveness:
         result written narrower than the backend's collectives move it (a bf16 dot jax
         0.12's XLA:CPU runs at bf16, reduced in f32) is converted to the wire's width
         at the node, and that copy is held until the combined collective reads it: the
-        difference in width is held beside the result from the node to there. A partial
-        result that an output is written in place of (``in_outputs``, see
-        ``written_into_outputs``) is a buffer of its own from the node to the combined
-        collective where that collective copies its operands into one buffer
-        (``Backend.all_reduce_copies``: XLA:GPU; the output is written from the reduced
-        slice)."""
+        difference in width is held beside the result from the node to there."""
         points = self.combined.points
         for node in self.graph.nodes:
-            buffers = (self.reduction_buffers(node, node.outputs[0] in in_outputs)
-                       if self.runs(node) else None)
+            buffers = self.reduction_buffers(node) if self.runs(node) else None
             if buffers is None:
                 continue
             g = self.groups.group_of_node[node.id]
@@ -786,26 +780,21 @@ class Liveness:
         return bool(users) and all(self.fusible[u] and graph.nodes[u].kind == "eqn"
                                    for u, _ in users)
 
-    def reduction_buffers(self, node, in_output: bool = False
-                          ) -> tuple[np.ndarray | None, ...] | None:
+    def reduction_buffers(self, node) -> tuple[np.ndarray | None, ...] | None:
         """Per group strategy, the bytes of a node's reduction buffers (see
         ``collective_buffers``): at the node, held to its last reader, and where the
         combined collective runs, and what a partial result's wider copy adds to it,
-        held until then (with the partial result itself where an output is written in
-        place of it, ``in_output``, and the combined collective copies it in),
+        held until then,
         each None where it is nothing; None for a node that never reduces. Nodes sharing
         a menu share them."""
         strategies, picks = self.space.strategies[node.id], self.groups.picks[node.id]
         wider = self.reduced_wider(self.graph.values[node.outputs[0]])
-        copied_in = in_output and self.space.backend.all_reduce_copies > 0
-        key = (self.groups.menus[node.id], self.slices_fused(node.outputs[0]), wider,
-               copied_in)
+        key = (self.groups.menus[node.id], self.slices_fused(node.outputs[0]), wider)
         if key not in self._reductions:
-            self._reductions[key] = self._reduction_buffers(node, strategies, picks, wider,
-                                                            copied_in)
+            self._reductions[key] = self._reduction_buffers(node, strategies, picks, wider)
         return self._reductions[key]
 
-    def _reduction_buffers(self, node, strategies, picks, wider: float, copied_in: bool):
+    def _reduction_buffers(self, node, strategies, picks, wider: float):
         if not any(c.kind in REDUCTIONS for s in strategies for c in s.collectives):
             return None
         at_node, held, at_combine, converted = (np.zeros(len(picks)) for _ in range(4))
@@ -828,7 +817,6 @@ class Liveness:
                 elif strategy.combined and joins:
                     at_combine[s] += c.num_bytes
                     converted[s] += c.num_bytes * (1.0 - 1.0 / wider) if wider else 0.0
-                    converted[s] += c.num_bytes if copied_in else 0.0
                 else:   # the partial result, and an emulated reduce-scatter's full one
                     at_node[s] += c.num_bytes * (2 if emulated else 1)
         return tuple(b if b.any() else None for b in (at_node, held, at_combine, converted))
@@ -933,7 +921,7 @@ class Liveness:
                 last = first   # read through copies alone, made from it at the start
             spans.append((self.temporary_bytes(value), first, max(first, last)))
         spans += states
-        spans += self.collective_buffers(last_read, written.keys())
+        spans += self.collective_buffers(last_read)
         spans += self.layout_copies(from_args, transposed)
         spans += self.scratch_buffers()
         spans += self.loop_operand_copies()
