@@ -276,13 +276,12 @@ class Liveness:
 
     def recomputable(self, node) -> bool:
         """A cheap elementwise op of one activation and constants (a relu, a reshape): XLA
-        computes it again inside every fusion reading it rather than read its result. Not
-        one that also reads a broadcast statistic (x - mean): reductions read that one. An
-        expensive one only where the backend duplicates it (``Backend.duplicated``).
-        Where the backend computes an op reading a broadcast in each reader
-        (``Backend.broadcast_ops_written``), a cheap one of at most one operand as big as
-        its result and broadcasts (x - mean, rsqrt(var) times a scale; not a softmax's
-        division by its sum, which XLA:GPU writes and holds)."""
+        computes it again inside every fusion reading it rather than read its result. An
+        expensive one only where the backend duplicates it (``Backend.duplicated``). One
+        that also reads a broadcast (x - mean, rsqrt(var) times a scale) only where the
+        backend computes such ops in each reader (XLA:GPU; XLA:CPU writes them for its
+        reductions: ``Backend.broadcast_ops_written``), and only a cheap one (XLA:GPU
+        writes and holds a softmax's division by its sum)."""
         einsum = self.space.einsums[node.id]
         if (node.kind != "eqn" or einsum is None or not einsum.fusible
                 or expensive(einsum, node, self.space.backend.duplicated)):
