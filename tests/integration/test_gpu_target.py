@@ -202,6 +202,14 @@ def gelu_mlp_step(params, x):
     return jax.tree.map(lambda p, g: p - 0.01 * g, params, grads)
 
 
+def data_parallel_plan(step, params, x, mesh, **pins):
+    """``step`` planned on ``mesh`` with its params replicated and its batch split over
+    'data' (and ``pins``), and the report of its compiled program."""
+    plan = autoshard.plan(step, params, x, mesh=mesh,
+                          pins={"params": P(), "x": P("data"), **pins})
+    return plan, hlo_report(plan.jit().lower(params, x).compile(), plan.hardware, mesh)
+
+
 @needs_plugin
 def test_a_gelus_tanh_is_computed_again_where_read_not_held():
     """XLA:GPU fuses an expensive elementwise op into every fusion that reads it (its
@@ -215,9 +223,7 @@ def test_a_gelus_tanh_is_computed_again_where_read_not_held():
     params = [(jax.ShapeDtypeStruct((256, 1024), jnp.float32),
                jax.ShapeDtypeStruct((1024, 256), jnp.float32)) for _ in range(4)]
     x = jax.ShapeDtypeStruct((8192, 256), jnp.float32)
-    plan = autoshard.plan(gelu_mlp_step, params, x, mesh=mesh,
-                          pins={"params": P(), "x": P("data")})
-    report = hlo_report(plan.jit().lower(params, x).compile(), plan.hardware, mesh)
+    plan, report = data_parallel_plan(gelu_mlp_step, params, x, mesh)
     assert plan.cost.memory_bytes == pytest.approx(report.memory_bytes, rel=0.05)
     assert plan.cost.total_s == pytest.approx(report.total_s, rel=0.05)
 
@@ -252,9 +258,7 @@ def test_a_layer_norms_centred_input_and_scale_are_computed_again_where_read():
     params = [(jax.ShapeDtypeStruct((1024,), jnp.float32),
                jax.ShapeDtypeStruct((1024, 1024), jnp.float32)) for _ in range(4)]
     x = jax.ShapeDtypeStruct((8192, 1024), jnp.float32)
-    plan = autoshard.plan(pre_norm_step, params, x, mesh=mesh,
-                          pins={"params": P(), "x": P("data")})
-    report = hlo_report(plan.jit().lower(params, x).compile(), plan.hardware, mesh)
+    plan, report = data_parallel_plan(pre_norm_step, params, x, mesh)
     assert plan.cost.memory_bytes == pytest.approx(report.memory_bytes, rel=0.05)
 
 
@@ -268,9 +272,7 @@ def test_updated_weights_gathered_after_the_update_are_priced_as_one_all_gather(
     mesh = autoshard.target_mesh("h100", (8,), ("data",))
     params = [jax.ShapeDtypeStruct((1024, 1024), jnp.float32) for _ in range(8)]
     x = jax.ShapeDtypeStruct((16384, 1024), jnp.float32)
-    plan = autoshard.plan(deep_mlp_step, params, x, mesh=mesh,
-                          pins={"params": P(), "x": P("data"), "out": P()})
-    report = hlo_report(plan.jit().lower(params, x).compile(), plan.hardware, mesh)
+    plan, report = data_parallel_plan(deep_mlp_step, params, x, mesh, out=P())
     assert report.count("reduce-scatter") == 1
     assert report.count("all-gather") < 8   # merged (into two: 28 and 4 MiB, on 0.12)
     assert plan.cost.comm_s == pytest.approx(report.comm_s, rel=0.05)
